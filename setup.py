@@ -1,0 +1,34 @@
+"""specdec_t5x: exact speculative decoding (Leviathan et al., 2023) for T5 / T5X in JAX.
+
+Install:   pip install -e ".[test]"
+"""
+from setuptools import find_packages, setup
+
+setup(
+    name="specdec_t5x",
+    version="0.1.0",
+    description="Exact speculative decoding for T5X encoder-decoder models in JAX.",
+    packages=find_packages(include=["specdec_t5x", "specdec_t5x.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.4.30",
+        "flax>=0.8",
+        "optax",
+        "gin-config",
+        "orbax-checkpoint",
+        "seqio",
+        "tensorflow-datasets",
+        "sentencepiece",
+        "numpy",
+        "msgpack",
+        "tensorstore",
+        "tqdm",
+        "sacrebleu",
+        "rouge-score",
+        "matplotlib",
+    ],
+    extras_require={
+        # torch is pinned to the CPU build: an unpinned torch pulls a multi-GB CUDA build.
+        "test": ["pytest", "scipy", "torch==2.13.0", "transformers", "safetensors"],
+    },
+)

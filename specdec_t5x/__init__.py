@@ -1,0 +1,1 @@
+"""specdec_t5x: exact speculative decoding (Leviathan et al., ICML 2023) for T5 in JAX."""
