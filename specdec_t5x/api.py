@@ -1,0 +1,134 @@
+"""`generate`: the public entry point (shared/DESIGN.md, "Public Python API").
+
+Binds Flax modules and params into the callbacks that decoding.py loops over, and
+compiles the whole generation (encoders, caches, loop) into one jitted call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_t5x import decoding, sampling
+
+ModelAndParams = Tuple[Any, Any]  # (flax module with encode/init_cache/extend, params)
+
+
+@dataclasses.dataclass
+class GenerateOutput:
+  tokens: jax.Array  # [batch, max_decode_length] int32, no BOS, zeros after first EOS
+  stats: dict  # see decoding._finish
+
+
+def _module_key(module) -> Any:
+  """Flax modules hash by their (frozen) fields; fall back to identity otherwise."""
+  try:
+    hash(module)
+    return module
+  except TypeError:
+    return (type(module), id(module))
+
+
+def _vocab_size(module) -> Optional[int]:
+  config = getattr(module, 'config', None)
+  return getattr(config, 'vocab_size', getattr(module, 'vocab_size', None))
+
+
+def _extend_fn(module, params):
+  def fn(cache, tokens, positions):
+    return module.apply({'params': params}, cache, tokens, positions, method='extend')
+  return fn
+
+
+def _prepare(module, params, encoder_tokens, cache_len):
+  encoded = module.apply({'params': params}, encoder_tokens, method='encode')
+  return module.apply({'params': params}, encoded, encoder_tokens, cache_len, method='init_cache')
+
+
+_COMPILED: dict = {}
+
+
+def _compiled(target_module, draft_module, *, max_len, gamma, cfg, eos_id, lenience):
+  key = (_module_key(target_module), draft_module and _module_key(draft_module),
+         max_len, gamma, cfg, eos_id, lenience)
+  if key in _COMPILED:
+    return _COMPILED[key]
+
+  def run(target_params, draft_params, encoder_tokens, rng):
+    batch = encoder_tokens.shape[0]
+    # Positions written: up to max_len + gamma (finished rows keep computing in place).
+    cache_len = max_len + gamma + 1
+    target_cache = _prepare(target_module, target_params, encoder_tokens, cache_len)
+    target_fn = _extend_fn(target_module, target_params)
+    if draft_module is None:
+      return decoding.autoregressive_decode(target_fn, target_cache, rng, batch=batch,
+                                            max_len=max_len, cfg=cfg, eos_id=eos_id)
+    draft_cache = _prepare(draft_module, draft_params, encoder_tokens, cache_len)
+    return decoding.speculative_decode(
+        target_fn, _extend_fn(draft_module, draft_params), target_cache, draft_cache, rng,
+        batch=batch, max_len=max_len, gamma=gamma, cfg=cfg, eos_id=eos_id, lenience=lenience)
+
+  _COMPILED[key] = jax.jit(run)
+  return _COMPILED[key]
+
+
+def _check_encoder_inputs(x) -> jax.Array:
+  arr = np.asarray(x) if not isinstance(x, jax.Array) else x
+  if arr.ndim != 2:
+    raise ValueError(f'encoder_input_tokens must be a 2-D [batch, length] int array, '
+                     f'got shape {tuple(arr.shape)}.')
+  if not jnp.issubdtype(arr.dtype, jnp.integer):
+    raise ValueError(f'encoder_input_tokens must hold integer token ids, got dtype {arr.dtype}.')
+  return jnp.asarray(arr, jnp.int32)
+
+
+def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[ModelAndParams] = None,
+             gamma: int = 4, temperature: float = 0.0, topk: int = 0, topp: float = 0.0,
+             max_decode_length: int, rng: Optional[jax.Array] = None, eos_id: int = 1,
+             lenience: float = 1.0) -> GenerateOutput:
+  """Decodes with the target, speculatively when a draft is given (exact for lenience=1).
+
+  Args:
+    target: (module, params) of the target model (network.Transformer or compatible).
+    encoder_input_tokens: [batch, enc_len] int token ids, 0 = padding.
+    draft: (module, params) of the draft model; None gives autoregressive decoding.
+    gamma: draft tokens per speculative step (>= 1).
+    temperature: 0 = greedy; otherwise sampling temperature (same for target and draft).
+    topk: keep the k most likely tokens (0 = off).
+    topp: keep the nucleus of mass topp (0 = off). At most one of topk/topp.
+    max_decode_length: number of decoder tokens to produce at most (>= 1).
+    rng: PRNG key; each batch row gets its own stream. Defaults to PRNGKey(0).
+    eos_id: end-of-sequence id; a row stops after emitting it.
+    lenience: l in (0, 1]; l < 1 is the paper's LOSSY relaxation (output distribution
+      changes). 1.0, the default, is exact.
+
+  Returns:
+    GenerateOutput with `.tokens` [batch, max_decode_length] and `.stats` (per-row
+    target_calls, drafted_tokens, accepted_tokens, generated_tokens, and
+    accepted_length_histogram [gamma + 1]).
+  """
+  cfg = sampling.SamplingConfig(float(temperature), int(topk), float(topp))
+  if int(gamma) != gamma or gamma < 1:
+    raise ValueError(f'gamma must be an integer >= 1, got {gamma}.')
+  if int(max_decode_length) != max_decode_length or max_decode_length < 1:
+    raise ValueError(f'max_decode_length must be an integer >= 1, got {max_decode_length}.')
+  if not 0.0 < lenience <= 1.0:
+    raise ValueError(f'lenience must be in (0, 1], got {lenience}.')
+  tokens = _check_encoder_inputs(encoder_input_tokens)
+  target_module, target_params = target
+  draft_module, draft_params = draft if draft is not None else (None, None)
+  if draft_module is not None:
+    tv, dv = _vocab_size(target_module), _vocab_size(draft_module)
+    if tv is not None and dv is not None and tv != dv:
+      raise ValueError(f'Draft and target vocabularies differ: target vocab_size={tv}, '
+                       f'draft vocab_size={dv}. Speculative decoding needs one tokenizer.')
+  rng = jax.random.PRNGKey(0) if rng is None else rng
+  fn = _compiled(target_module, draft_module, max_len=int(max_decode_length),
+                 gamma=int(gamma) if draft_module is not None else 0, cfg=cfg,
+                 eos_id=int(eos_id), lenience=float(lenience))
+  out_tokens, stats = fn(target_params, draft_params, tokens, rng)
+  return GenerateOutput(out_tokens, stats)

@@ -1,0 +1,380 @@
+"""T5 v1.0 / v1.1 encoder-decoder in Flax with a multi-token verification cache.
+
+The parameter tree is identical to T5X's `t5x/examples/t5/network.py`, so T5X parameters
+drop in unchanged. Beyond the teacher-forced forward pass it offers:
+
+* `encode`: the encoder stack;
+* `init_cache`: cross-attention keys/values of the encoder output, computed once per
+  sequence, plus an empty self-attention cache;
+* `extend`: append k >= 1 decoder tokens per call at per-row positions. Writes
+  overwrite (T5X's own cache adds and keeps one scalar index), and causal masking and the
+  relative-position bias come from each row's true positions, so rolling a row back is
+  just passing a smaller position next time: stale slots lie beyond every query's
+  position and are masked.
+
+The self-attention cache has one extra leading slot for position -1 (physical slot =
+position + 1). Keys at negative positions are always masked; it lets a caller write
+"the token before BOS" without a special case (see decoding.py).
+
+Shapes use T5X's bracket comments: `# [batch, length, emb]`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+NUM_BUCKETS = 32
+MAX_DISTANCE = 128
+NEG_INF = -1e10
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+  """Global hyperparameters of the T5 Transformer (T5X's field names)."""
+  vocab_size: int
+  dtype: Any = jnp.float32
+  emb_dim: int = 512
+  num_heads: int = 8
+  num_encoder_layers: int = 6
+  num_decoder_layers: int = 6
+  head_dim: int = 64
+  mlp_dim: int = 2048
+  mlp_activations: Sequence[str] = ('relu',)
+  dropout_rate: float = 0.1
+  logits_via_embedding: bool = False
+
+
+def _act(name: str):
+  if name == 'linear':
+    return lambda x: x
+  if name == 'gelu':
+    return nn.gelu  # tanh approximation, as T5X and HF's "gelu_new"
+  return getattr(nn, name)
+
+
+class Dense(nn.Module):
+  """A bias-free dense layer whose kernel is stored 2-D as [in, out], as in T5X."""
+  features: int
+  dtype: Any = jnp.float32
+  kernel_init: Any = nn.initializers.variance_scaling(1.0, 'fan_in', 'truncated_normal')
+
+  @nn.compact
+  def __call__(self, x):
+    kernel = self.param('kernel', self.kernel_init, (x.shape[-1], self.features), jnp.float32)
+    return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
+
+
+class RMSNorm(nn.Module):
+  """T5 layer norm: no mean subtraction, no bias, computed in float32."""
+  dtype: Any = jnp.float32
+  epsilon: float = 1e-6
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param('scale', nn.initializers.ones, (x.shape[-1],), jnp.float32)
+    x = x.astype(jnp.float32)
+    y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.epsilon)
+    return (y * scale).astype(self.dtype)
+
+
+def relative_position_bucket(relative_position, bidirectional: bool,
+                             num_buckets: int = NUM_BUCKETS, max_distance: int = MAX_DISTANCE):
+  """T5's bucketing of (key position - query position), as in T5X (numpy or jnp)."""
+  xp = jnp if isinstance(relative_position, jax.Array) else np
+  n = -relative_position
+  ret = 0
+  if bidirectional:
+    num_buckets //= 2
+    ret = (n < 0).astype(np.int32) * num_buckets
+    n = xp.abs(n)
+  else:
+    n = xp.maximum(n, 0)
+  max_exact = num_buckets // 2
+  is_small = n < max_exact
+  scale = (num_buckets - max_exact) / np.log(max_distance / max_exact)
+  large = max_exact + (xp.log(n.astype(np.float32) / max_exact + np.finfo(np.float32).eps)
+                       * scale).astype(np.int32)
+  large = xp.minimum(large, num_buckets - 1)
+  return ret + xp.where(is_small, n, large)
+
+
+class RelativePositionBias(nn.Module):
+  """One bias table per stack, shared by its layers: `rel_embedding [heads, buckets]`."""
+  num_heads: int
+  bidirectional: bool
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, query_pos, key_pos):
+    """query_pos [batch, q], key_pos [batch or 1, k] -> bias [batch, heads, q, k]."""
+    table = self.param('rel_embedding', nn.initializers.variance_scaling(1.0, 'fan_avg', 'uniform'),
+                       (self.num_heads, NUM_BUCKETS), jnp.float32)
+    buckets = relative_position_bucket(key_pos[:, None, :] - query_pos[:, :, None],
+                                       self.bidirectional)  # [batch, q, k]
+    bias = jnp.take(table, buckets, axis=1)  # [heads, batch, q, k]
+    return jnp.transpose(bias, (1, 0, 2, 3)).astype(self.dtype)
+
+
+def _kernel_init(scale: float = 1.0):
+  return nn.initializers.variance_scaling(scale, 'fan_in', 'truncated_normal')
+
+
+class Attention(nn.Module):
+  """Multi-head dot-product attention without 1/sqrt(d) scaling (folded into init)."""
+  num_heads: int
+  head_dim: int
+  out_dim: int
+  dtype: Any = jnp.float32
+  dropout_rate: float = 0.0
+
+  def setup(self):
+    inner = self.num_heads * self.head_dim
+    # T5X folds the 1/sqrt(head_dim) query scaling into the query initialiser.
+    self.query = Dense(inner, self.dtype, _kernel_init(1.0 / self.head_dim))
+    self.key = Dense(inner, self.dtype, _kernel_init())
+    self.value = Dense(inner, self.dtype, _kernel_init())
+    self.out = Dense(self.out_dim, self.dtype, _kernel_init())
+    self.dropout = nn.Dropout(self.dropout_rate)
+
+  def _split(self, x):
+    return x.reshape(x.shape[:-1] + (self.num_heads, self.head_dim))  # [b, len, heads, d]
+
+  def project_q(self, x):
+    return self._split(self.query(x))
+
+  def project_kv(self, x):
+    return self._split(self.key(x)), self._split(self.value(x))
+
+  def attend(self, q, k, v, bias, deterministic: bool = True):
+    """q [b, q, h, d], k/v [b, k, h, d], bias [b or 1, h or 1, q, k] (mask folded in)."""
+    logits = jnp.einsum('bqhd,bkhd->bhqk', q, k).astype(jnp.float32) + bias.astype(jnp.float32)
+    weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
+    weights = self.dropout(weights, deterministic=deterministic)
+    out = jnp.einsum('bhqk,bkhd->bqhd', weights, v)
+    return self.out(out.reshape(out.shape[:2] + (self.num_heads * self.head_dim,)))
+
+  def __call__(self, inputs_q, inputs_kv, bias, deterministic: bool = True):
+    k, v = self.project_kv(inputs_kv)
+    return self.attend(self.project_q(inputs_q), k, v, bias, deterministic)
+
+
+class MlpBlock(nn.Module):
+  """Gated (v1.1: gelu * linear) or plain (v1.0: relu) feed-forward block."""
+  mlp_dim: int
+  activations: Sequence[str]
+  dtype: Any = jnp.float32
+  dropout_rate: float = 0.0
+
+  @nn.compact
+  def __call__(self, x, deterministic: bool = True):
+    h = None
+    for i, name in enumerate(self.activations):
+      dense_name = 'wi' if len(self.activations) == 1 else f'wi_{i}'
+      y = _act(name)(Dense(self.mlp_dim, self.dtype, _kernel_init(), name=dense_name)(x))
+      h = y if h is None else h * y
+    h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
+    return Dense(x.shape[-1], self.dtype, _kernel_init(), name='wo')(h)
+
+
+def _attention(cfg: T5Config) -> Attention:
+  return Attention(cfg.num_heads, cfg.head_dim, cfg.emb_dim, cfg.dtype, cfg.dropout_rate)
+
+
+class EncoderLayer(nn.Module):
+  config: T5Config
+
+  @nn.compact
+  def __call__(self, x, bias, deterministic: bool = True):
+    cfg = self.config
+    drop = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+    y = RMSNorm(cfg.dtype, name='pre_attention_layer_norm')(x)
+    y = Attention(cfg.num_heads, cfg.head_dim, cfg.emb_dim, cfg.dtype, cfg.dropout_rate,
+                  name='attention')(y, y, bias, deterministic)
+    x = x + drop(y, deterministic=deterministic)
+    y = RMSNorm(cfg.dtype, name='pre_mlp_layer_norm')(x)
+    y = MlpBlock(cfg.mlp_dim, tuple(cfg.mlp_activations), cfg.dtype, cfg.dropout_rate,
+                 name='mlp')(y, deterministic)
+    return x + drop(y, deterministic=deterministic)
+
+
+class DecoderLayer(nn.Module):
+  """Decoder layer with a teacher-forced path and a cached multi-token path."""
+  config: T5Config
+
+  def setup(self):
+    cfg = self.config
+    self.pre_self_attention_layer_norm = RMSNorm(cfg.dtype)
+    self.self_attention = _attention(cfg)
+    self.pre_cross_attention_layer_norm = RMSNorm(cfg.dtype)
+    self.encoder_decoder_attention = _attention(cfg)
+    self.pre_mlp_layer_norm = RMSNorm(cfg.dtype)
+    self.mlp = MlpBlock(cfg.mlp_dim, tuple(cfg.mlp_activations), cfg.dtype, cfg.dropout_rate)
+    self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+
+  def _cross_and_mlp(self, x, cross_q_fn, deterministic):
+    y = cross_q_fn(self.pre_cross_attention_layer_norm(x))
+    x = x + self.dropout(y, deterministic=deterministic)
+    y = self.mlp(self.pre_mlp_layer_norm(x), deterministic)
+    return x + self.dropout(y, deterministic=deterministic)
+
+  def __call__(self, x, encoded, self_bias, cross_bias, deterministic: bool = True):
+    y = self.pre_self_attention_layer_norm(x)
+    y = self.self_attention(y, y, self_bias, deterministic)
+    x = x + self.dropout(y, deterministic=deterministic)
+    cross = lambda z: self.encoder_decoder_attention(z, encoded, cross_bias, deterministic)
+    return self._cross_and_mlp(x, cross, deterministic)
+
+  def cross_kv(self, encoded):
+    return self.encoder_decoder_attention.project_kv(encoded)
+
+  def extend(self, x, layer_cache, slots, self_bias, cross_bias):
+    """Cached decode of k tokens. x [b, k, emb]; slots [b] physical slot of x[:, 0]."""
+    y = self.pre_self_attention_layer_norm(x)
+    q = self.self_attention.project_q(y)
+    k_new, v_new = self.self_attention.project_kv(y)  # [b, k, h, d]
+    write = jax.vmap(lambda c, u, s: jax.lax.dynamic_update_slice(c, u.astype(c.dtype), (s, 0, 0)))
+    k_cache = write(layer_cache['k'], k_new, slots)
+    v_cache = write(layer_cache['v'], v_new, slots)
+    y = self.self_attention.attend(q, k_cache, v_cache, self_bias)
+    x = x + y
+    cross = lambda z: self.encoder_decoder_attention.attend(
+        self.encoder_decoder_attention.project_q(z), layer_cache['cross_k'],
+        layer_cache['cross_v'], cross_bias)
+    x = self._cross_and_mlp(x, cross, True)
+    return x, dict(layer_cache, k=k_cache, v=v_cache)
+
+
+def _mask_to_bias(mask):
+  return jnp.where(mask, 0.0, NEG_INF).astype(jnp.float32)
+
+
+class Transformer(nn.Module):
+  """T5 encoder-decoder; `apply` gives teacher-forced logits [batch, length, vocab]."""
+  config: T5Config
+
+  def setup(self):
+    cfg = self.config
+    self.token_embedder = nn.Embed(cfg.vocab_size, cfg.emb_dim, dtype=cfg.dtype,
+                                   embedding_init=nn.initializers.normal(stddev=1.0))
+    self.encoder = Encoder(cfg, self.token_embedder)
+    self.decoder = Decoder(cfg, self.token_embedder)
+
+  def encode(self, encoder_input_tokens, enable_dropout: bool = False):
+    """[batch, enc_len] int -> [batch, enc_len, emb]."""
+    return self.encoder(encoder_input_tokens, deterministic=not enable_dropout)
+
+  def decode(self, encoded, encoder_input_tokens, decoder_input_tokens,
+             decoder_target_tokens=None, enable_dropout: bool = False):
+    """Teacher-forced decoder: -> logits [batch, dec_len, vocab] (float32)."""
+    return self.decoder(encoded, encoder_input_tokens, decoder_input_tokens,
+                        decoder_target_tokens, deterministic=not enable_dropout)
+
+  def init_cache(self, encoded, encoder_input_tokens, max_length: int):
+    """Decode cache for up to `max_length` positions (0..max_length-1) per row."""
+    return self.decoder.init_cache(encoded, encoder_input_tokens, max_length)
+
+  def extend(self, cache, tokens, positions):
+    """Append tokens [batch, k] at positions [batch].. -> (logits [b, k, vocab], cache)."""
+    return self.decoder.extend(cache, tokens, positions)
+
+  def __call__(self, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens=None,
+               enable_dropout: bool = False):
+    encoded = self.encode(encoder_input_tokens, enable_dropout)
+    return self.decode(encoded, encoder_input_tokens, decoder_input_tokens,
+                       decoder_target_tokens, enable_dropout)
+
+
+class Encoder(nn.Module):
+  config: T5Config
+  shared_embedding: nn.Module
+
+  def setup(self):
+    cfg = self.config
+    self.relpos_bias = RelativePositionBias(cfg.num_heads, True, cfg.dtype)
+    self.layers = [EncoderLayer(cfg) for _ in range(cfg.num_encoder_layers)]
+    self.encoder_norm = RMSNorm(cfg.dtype)
+    self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+
+  def __call__(self, tokens, deterministic: bool = True):
+    length = tokens.shape[1]
+    pos = jnp.arange(length)[None, :]
+    valid = tokens > 0
+    bias = self.relpos_bias(pos, pos) + _mask_to_bias(valid[:, None, None, :] & valid[:, None, :, None])
+    x = self.dropout(self.shared_embedding(tokens.astype(jnp.int32)), deterministic=deterministic)
+    for layer in self.layers:
+      x = layer(x, bias, deterministic)
+    return self.dropout(self.encoder_norm(x), deterministic=deterministic)
+
+
+class Decoder(nn.Module):
+  config: T5Config
+  shared_embedding: nn.Module
+
+  def setup(self):
+    cfg = self.config
+    self.relpos_bias = RelativePositionBias(cfg.num_heads, False, cfg.dtype)
+    self.layers = [DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers)]
+    self.decoder_norm = RMSNorm(cfg.dtype)
+    self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
+    if not cfg.logits_via_embedding:
+      self.logits_dense = Dense(cfg.vocab_size, cfg.dtype, _kernel_init())
+
+  def _logits(self, x, deterministic):
+    x = self.dropout(self.decoder_norm(x), deterministic=deterministic)
+    if self.config.logits_via_embedding:
+      logits = self.shared_embedding.attend(x) / jnp.sqrt(x.shape[-1]).astype(x.dtype)
+    else:
+      logits = self.logits_dense(x)
+    return logits.astype(jnp.float32)
+
+  def __call__(self, encoded, encoder_tokens, decoder_input_tokens, decoder_target_tokens=None,
+               deterministic: bool = True):
+    length = decoder_input_tokens.shape[1]
+    pos = jnp.arange(length)[None, :]
+    mask = pos[:, None, :] <= pos[:, :, None]  # [1, q, k] causal
+    dec_valid = (decoder_target_tokens > 0) if decoder_target_tokens is not None else None
+    if dec_valid is not None:
+      mask = mask & dec_valid[:, None, :] & dec_valid[:, :, None]
+    self_bias = self.relpos_bias(pos, pos) + _mask_to_bias(mask[:, None])
+    cross_mask = (encoder_tokens > 0)[:, None, None, :]  # [b, 1, 1, enc]
+    if dec_valid is not None:
+      cross_mask = cross_mask & dec_valid[:, None, :, None]
+    cross_bias = _mask_to_bias(cross_mask)
+    x = self.shared_embedding(decoder_input_tokens.astype(jnp.int32))
+    x = self.dropout(x, deterministic=deterministic)
+    for layer in self.layers:
+      x = layer(x, encoded, self_bias, cross_bias, deterministic)
+    return self._logits(x, deterministic)
+
+  def init_cache(self, encoded, encoder_tokens, max_length: int):
+    cfg = self.config
+    b = encoded.shape[0]
+    # Slot 0 holds position -1 (always masked); slots 1.. hold positions 0..max_length-1.
+    shape = (b, max_length + 1, cfg.num_heads, cfg.head_dim)
+    layers = []
+    for layer in self.layers:
+      ck, cv = layer.cross_kv(encoded)
+      layers.append({'k': jnp.zeros(shape, cfg.dtype), 'v': jnp.zeros(shape, cfg.dtype),
+                     'cross_k': ck, 'cross_v': cv})
+    return {'layers': layers, 'encoder_mask': encoder_tokens > 0}
+
+  def extend(self, cache, tokens, positions):
+    k = tokens.shape[1]
+    num_slots = cache['layers'][0]['k'].shape[1]
+    q_pos = positions[:, None] + jnp.arange(k)[None, :]  # [b, k]
+    key_pos = jnp.arange(num_slots)[None, :] - 1  # [1, slots]
+    mask = (key_pos[:, None, :] >= 0) & (key_pos[:, None, :] <= q_pos[:, :, None])  # [b, k, slots]
+    self_bias = self.relpos_bias(q_pos, key_pos) + _mask_to_bias(mask[:, None])
+    cross_bias = _mask_to_bias(cache['encoder_mask'][:, None, None, :])
+    x = self.shared_embedding(tokens.astype(jnp.int32))
+    new_layers = []
+    for layer, layer_cache in zip(self.layers, cache['layers']):
+      x, layer_cache = layer.extend(x, layer_cache, positions + 1, self_bias, cross_bias)
+      new_layers.append(layer_cache)
+    return self._logits(x, True), dict(cache, layers=new_layers)

@@ -1,0 +1,114 @@
+"""Logits -> standardised distributions, and the accept / residual / bonus rule.
+
+Target and draft must be standardised identically (shared/PAPER.md): temperature 0 means
+argmax (a one-hot distribution), otherwise logits / temperature, optionally restricted to
+the top-k tokens or the top-p nucleus. Everything here works in float32, whatever dtype
+the models run in.
+
+Shapes use T5X's bracket comments; `V` is the vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  """How logits become a distribution. Hashable: it is a static argument under jit."""
+  temperature: float = 0.0
+  topk: int = 0
+  topp: float = 0.0
+
+  def __post_init__(self):
+    if self.temperature < 0:
+      raise ValueError(f'temperature must be >= 0, got {self.temperature}.')
+    if self.topk < 0:
+      raise ValueError(f'topk must be >= 0, got {self.topk}.')
+    if not 0.0 <= self.topp <= 1.0:
+      raise ValueError(f'topp must be in [0, 1], got {self.topp}.')
+    if self.topk and self.topp:
+      raise ValueError(f'Set at most one of topk ({self.topk}) and topp ({self.topp}).')
+
+  @property
+  def greedy(self) -> bool:
+    return self.temperature == 0.0
+
+
+def standardize(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
+  """logits [..., V] -> probabilities [..., V] (float32) after temperature/top-k/top-p."""
+  logits = logits.astype(jnp.float32)
+  if cfg.greedy:
+    return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+  logits = logits / cfg.temperature
+  if cfg.topk:
+    kth = jax.lax.top_k(logits, cfg.topk)[0][..., -1:]  # [..., 1]
+    logits = jnp.where(logits < kth, -jnp.inf, logits)
+  elif cfg.topp:
+    # Keep the smallest prefix of the sorted tokens whose mass reaches topp (ties kept).
+    sorted_logits = -jnp.sort(-logits, axis=-1)
+    cum = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1)
+    cutoff_index = jnp.sum(cum < cfg.topp, axis=-1, keepdims=True)
+    cutoff_index = jnp.minimum(cutoff_index, logits.shape[-1] - 1)
+    cutoff = jnp.take_along_axis(sorted_logits, cutoff_index, axis=-1)
+    logits = jnp.where(logits < cutoff, -jnp.inf, logits)
+  return jax.nn.softmax(logits, axis=-1)
+
+
+def sample(keys: jax.Array, probs: jax.Array) -> jax.Array:
+  """One token per row. keys [b, 2] (one per row), probs [b, V] -> [b] int32."""
+  logp = jnp.log(probs)
+  return jax.vmap(lambda k, lp: jax.random.categorical(k, lp))(keys, logp).astype(jnp.int32)
+
+
+def sample_or_argmax(keys: jax.Array, probs: jax.Array, cfg: SamplingConfig) -> jax.Array:
+  """Like `sample`, but argmax of the one-hot distribution when greedy (no randomness)."""
+  if cfg.greedy:
+    return jnp.argmax(probs, axis=-1).astype(jnp.int32)
+  return sample(keys, probs)
+
+
+def residual(p: jax.Array, q: jax.Array, lenience: float = 1.0) -> jax.Array:
+  """norm(max(0, p - l*q)) [..., V]; falls back to p where the residual has no mass."""
+  r = jnp.maximum(p - lenience * q, 0.0)
+  mass = jnp.sum(r, axis=-1, keepdims=True)
+  return jnp.where(mass > 0, r / jnp.where(mass > 0, mass, 1.0), p)
+
+
+def accept_tokenwise(uniforms, draft_tokens, q, p, num_drafted, lenience: float = 1.0):
+  """Algorithm 1's acceptance: the number of leading draft tokens kept per row.
+
+  Args:
+    uniforms: [b, gamma] i.i.d. U(0, 1), one per draft position.
+    draft_tokens: [b, gamma] x_i, sampled from q_i.
+    q: [b, gamma, V] draft distributions q_i.
+    p: [b, gamma + 1, V] target distributions p_i.
+    num_drafted: [b] how many of the gamma drafts count for each row (the rest are void).
+    lenience: l in (0, 1]; accept iff r < p(x) / (l q(x)). 1.0 is exact.
+
+  Returns:
+    [b] int32 n in [0, num_drafted]: the accepted prefix length.
+  """
+  gamma = draft_tokens.shape[1]
+  p_x = jnp.take_along_axis(p[:, :gamma], draft_tokens[..., None], axis=-1)[..., 0]
+  q_x = jnp.take_along_axis(q, draft_tokens[..., None], axis=-1)[..., 0]  # [b, gamma]
+  ok = (uniforms * lenience * q_x < p_x) & (q_x > 0)
+  ok &= jnp.arange(gamma)[None, :] < num_drafted[:, None]
+  return jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
+
+
+def correction_distribution(num_accepted, num_drafted, q, p, lenience: float = 1.0):
+  """The distribution of the token emitted after the accepted prefix, per row: [b, V].
+
+  The residual norm(max(0, p_{n+1} - q_{n+1})) after a rejection, or the bonus p_{n+1}
+  when all `num_drafted` drafts were accepted.
+  """
+  gamma = q.shape[1]
+  p_next = jnp.take_along_axis(p, num_accepted[:, None, None], axis=1)[:, 0]  # [b, V]
+  q_idx = jnp.minimum(num_accepted, gamma - 1)
+  q_next = jnp.take_along_axis(q, q_idx[:, None, None], axis=1)[:, 0]
+  rejected = (num_accepted < num_drafted)[:, None]
+  return jnp.where(rejected, residual(p_next, q_next, lenience), p_next)
