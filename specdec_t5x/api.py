@@ -52,13 +52,13 @@ def _prepare(module, params, encoder_tokens, cache_len):
 _COMPILED: dict = {}
 
 
-def _compiled(target_module, draft_module, *, max_len, gamma, cfg, eos_id, lenience):
+def _compiled(target_module, draft_module, *, max_len, gamma, cfg, lenience):
   key = (_module_key(target_module), draft_module and _module_key(draft_module),
-         max_len, gamma, cfg, eos_id, lenience)
+         max_len, gamma, cfg, lenience)
   if key in _COMPILED:
     return _COMPILED[key]
 
-  def run(target_params, draft_params, encoder_tokens, rng):
+  def run(target_params, draft_params, encoder_tokens, rng, eos_id):
     batch = encoder_tokens.shape[0]
     # Positions written: up to max_len + gamma (finished rows keep computing in place).
     cache_len = max_len + gamma + 1
@@ -129,6 +129,6 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
   rng = jax.random.PRNGKey(0) if rng is None else rng
   fn = _compiled(target_module, draft_module, max_len=int(max_decode_length),
                  gamma=int(gamma) if draft_module is not None else 0, cfg=cfg,
-                 eos_id=int(eos_id), lenience=float(lenience))
-  out_tokens, stats = fn(target_params, draft_params, tokens, rng)
+                 lenience=float(lenience))
+  out_tokens, stats = fn(target_params, draft_params, tokens, rng, jnp.int32(eos_id))
   return GenerateOutput(out_tokens, stats)

@@ -1,0 +1,44 @@
+"""Shared tiny models for the tests (hermetic: random weights made here)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_t5x.network import T5Config, Transformer
+
+
+def tiny_config(vocab=40, emb=32, layers=2, heads=4, v11=True, **kw):
+  return T5Config(vocab_size=vocab, emb_dim=emb, num_heads=heads, num_encoder_layers=layers,
+                  num_decoder_layers=layers, head_dim=8, mlp_dim=2 * emb,
+                  mlp_activations=('gelu', 'linear') if v11 else ('relu',),
+                  dropout_rate=0.0, logits_via_embedding=not v11, **kw)
+
+
+def make_model(config, seed=0, logit_scale=1.0):
+  """(module, params); `logit_scale` sharpens (>1) or flattens (<1) the output."""
+  module = Transformer(config)
+  dummy = jnp.ones((1, 4), jnp.int32)
+  params = module.init(jax.random.PRNGKey(seed), dummy, dummy)['params']
+  if logit_scale != 1.0:
+    params = jax.tree_util.tree_map(lambda x: x, params)
+    dec = dict(params['decoder'])
+    dec['decoder_norm'] = {'scale': params['decoder']['decoder_norm']['scale'] * logit_scale}
+    params = dict(params, decoder=dec)
+  return module, params
+
+
+def random_inputs(batch, length, vocab, seed=0, min_len=2):
+  """Random encoder inputs [batch, length] with per-row padding and no EOS/pad inside."""
+  rs = np.random.RandomState(seed)
+  x = rs.randint(2, vocab, size=(batch, length)).astype(np.int32)
+  for r in range(batch):
+    x[r, rs.randint(min_len, length + 1):] = 0
+  return x
+
+
+@pytest.fixture(scope='session')
+def target_and_draft():
+  target = make_model(tiny_config(), seed=0, logit_scale=3.0)
+  draft = make_model(tiny_config(emb=16, layers=1), seed=1, logit_scale=3.0)
+  return target, draft

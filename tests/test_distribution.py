@@ -1,0 +1,130 @@
+"""Speculative sampling reproduces the target's exact sequence distribution.
+
+With a 6-token vocabulary and 3 output tokens every output sequence can be enumerated,
+and its exact probability under the standardised target computed by teacher forcing.
+Thousands of independent batch rows (one call) are then compared by chi-square.
+"""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from conftest import make_model, tiny_config
+from specdec_t5x import api, generate, sampling
+from specdec_t5x.drafts import BigramDraft
+
+VOCAB, EOS, MAX_LEN, ROWS = 6, 1, 3, 20000
+
+
+@pytest.fixture(scope='module')
+def models():
+  target = make_model(tiny_config(vocab=VOCAB), seed=10, logit_scale=1.5)
+  draft = make_model(tiny_config(vocab=VOCAB, emb=16, layers=1), seed=11, logit_scale=1.5)
+  bigram = (BigramDraft(VOCAB), {'logits': jnp.asarray(np.random.RandomState(1).randn(VOCAB, VOCAB))})
+  return target, draft, bigram
+
+
+def _all_sequences():
+  """Every possible output [MAX_LEN] (zeros after EOS) with its length."""
+  seqs = []
+  for length in range(1, MAX_LEN + 1):
+    for toks in itertools.product(range(VOCAB), repeat=length):
+      if EOS in toks[:-1] or (length < MAX_LEN and toks[-1] != EOS):
+        continue
+      seqs.append((toks + (0,) * (MAX_LEN - length), length))
+  return seqs
+
+
+def exact_probabilities(target, enc, cfg):
+  """{sequence tuple: probability} under the standardised target, by teacher forcing."""
+  module, params = target
+  seqs = _all_sequences()
+  y = np.array([s for s, _ in seqs], np.int32)  # [n, MAX_LEN]
+  dec_in = np.concatenate([np.zeros((len(y), 1), np.int32), y[:, :-1]], 1)
+  logits = module.apply({'params': params}, np.repeat(enc, len(y), 0), dec_in)
+  probs = np.asarray(sampling.standardize(logits, cfg), np.float64)  # [n, MAX_LEN, V]
+  step = np.take_along_axis(probs, y[..., None], -1)[..., 0]
+  lengths = np.array([n for _, n in seqs])
+  step = np.where(np.arange(MAX_LEN)[None] < lengths[:, None], step, 1.0)
+  return {tuple(s): p for (s, _), p in zip(seqs, step.prod(1))}
+
+
+def sample_counts(target, draft, enc, cfg, seed, gamma=2):
+  out = generate(target, np.repeat(enc, ROWS, 0), draft=draft, gamma=gamma,
+                 temperature=cfg.temperature, topk=cfg.topk, topp=cfg.topp,
+                 max_decode_length=MAX_LEN, eos_id=EOS, rng=jax.random.PRNGKey(seed))
+  seqs, counts = np.unique(np.asarray(out.tokens), axis=0, return_counts=True)
+  return {tuple(s): c for s, c in zip(seqs.tolist(), counts)}
+
+
+def chi2_pvalue(exact, counts):
+  """Goodness of fit; cells with expected count < 5 are pooled into one."""
+  n = sum(counts.values())
+  assert set(counts) <= {k for k, p in exact.items() if p > 0}, 'impossible sequence sampled'
+  obs, exp, pool_o, pool_e = [], [], 0, 0.0
+  for seq, p in exact.items():
+    if p * n >= 5:
+      obs.append(counts.get(seq, 0)); exp.append(p * n)
+    else:
+      pool_o += counts.get(seq, 0); pool_e += p * n
+  if pool_e > 0:
+    obs.append(pool_o); exp.append(pool_e)
+  exp = np.array(exp) * n / np.sum(exp)
+  return stats.chisquare(obs, exp).pvalue
+
+
+ENC = np.array([[2, 3, 4, 5, 3]], np.int32)
+CASES = [sampling.SamplingConfig(1.0), sampling.SamplingConfig(0.6),
+         sampling.SamplingConfig(1.0, topk=3), sampling.SamplingConfig(0.8, topp=0.7)]
+
+
+@pytest.mark.parametrize('cfg', CASES, ids=['t1', 't0.6', 'topk3', 'topp0.7'])
+def test_speculative_matches_exact_target_distribution(models, cfg):
+  target, draft, _ = models
+  exact = exact_probabilities(target, ENC, cfg)
+  assert abs(sum(exact.values()) - 1) < 1e-5
+  pvalue = chi2_pvalue(exact, sample_counts(target, draft, ENC, cfg, seed=1))
+  assert pvalue > 1e-3, pvalue
+
+
+def test_bigram_draft_is_exact(models):
+  target, _, bigram = models
+  cfg = sampling.SamplingConfig(1.0)
+  exact = exact_probabilities(target, ENC, cfg)
+  assert chi2_pvalue(exact, sample_counts(target, bigram, ENC, cfg, seed=2, gamma=3)) > 1e-3
+
+
+def test_autoregressive_matches_exact_target_distribution(models):
+  target, _, _ = models
+  cfg = sampling.SamplingConfig(0.6)
+  exact = exact_probabilities(target, ENC, cfg)
+  assert chi2_pvalue(exact, sample_counts(target, None, ENC, cfg, seed=3)) > 1e-3
+
+
+@pytest.mark.parametrize('cfg', CASES[2:], ids=['topk3', 'topp0.7'])
+def test_speculative_and_autoregressive_agree_two_sample(models, cfg):
+  target, draft, _ = models
+  spec = sample_counts(target, draft, ENC, cfg, seed=4)
+  ar = sample_counts(target, None, ENC, cfg, seed=5)
+  keys = sorted(set(spec) | set(ar))
+  table = np.array([[spec.get(k, 0) for k in keys], [ar.get(k, 0) for k in keys]])
+  table = table[:, table.sum(0) >= 10]
+  assert stats.chi2_contingency(table).pvalue > 1e-3
+
+
+def test_broken_rule_is_detected(models, monkeypatch):
+  """Resampling from p instead of the residual after a rejection must fail the test."""
+  target, draft, _ = models
+  cfg = sampling.SamplingConfig(1.0)
+  exact = exact_probabilities(target, ENC, cfg)
+
+  def broken(num_accepted, num_drafted, q, p, lenience=1.0):
+    return jnp.take_along_axis(p, num_accepted[:, None, None], axis=1)[:, 0]
+
+  monkeypatch.setattr(sampling, 'correction_distribution', broken)
+  monkeypatch.setattr(api, '_COMPILED', {})
+  assert chi2_pvalue(exact, sample_counts(target, draft, ENC, cfg, seed=1)) < 1e-6
