@@ -667,7 +667,7 @@ def export_npz(out_dir: pathlib.Path, npz_dir: pathlib.Path, vocab_model: pathli
   for task, split in tqdm.tqdm(jobs, desc='tokenise', unit='file'):
     rows = read_tsv(out_dir / task / f'{split}.tsv')
     inputs, targets, st = encode_task(sp, rows, TASK_PREFIXES[task])
-    np.savez(npz_dir / f'{task}_{split}.npz', inputs=inputs, targets=targets)
+    np.savez_compressed(npz_dir / f'{task}_{split}.npz', inputs=inputs, targets=targets)
     stats[f'{task}_{split}'] = st
   return stats
 
