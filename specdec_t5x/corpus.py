@@ -543,6 +543,7 @@ def build_corpus(out_dir: pathlib.Path, work_dir: pathlib.Path, update: bool = T
   ding_dir = deb_extract(ding_deb, work_dir / 'extract' / DING_PACKAGE)
   with open(ding_dir / 'usr/share/trans/de-en', encoding='utf-8') as f:
     ende.extend(ding_examples(f))
+  shutil.rmtree(ding_dir)
 
   gettext_counts = {}
   for package in tqdm.tqdm(sorted(gettext_packages), desc='gettext packages', unit='deb'):
@@ -554,6 +555,7 @@ def build_corpus(out_dir: pathlib.Path, work_dir: pathlib.Path, update: bool = T
       ende.extend(examples)
       n += len(examples)
     gettext_counts[package] = n
+    shutil.rmtree(root)  # Only the .debs are cached; extracted trees run to ~1.5 GB.
 
   stats = {'suites': answered, 'gettext_packages': gettext_counts,
            'ddtp_descriptions': {'en': len(en), 'de': len(de),
