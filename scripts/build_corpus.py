@@ -1,6 +1,6 @@
 r"""Builds the offline Debian EN->DE / summarisation corpus, its vocabulary and npz exports.
 
-  # corpus (apt fetches Debian indexes + .debs into --work_dir; ~2-3 min, ~550 MB of apt lists, apt cache and .debs):
+  # corpus (apt fetches Debian indexes + .debs into --work_dir: ~2-3 min, ~550 MB):
   python scripts/build_corpus.py --out data/corpus
   # + held-out samples, SentencePiece vocab (train split only) and pre-tokenised npz:
   python scripts/build_corpus.py --out data/corpus --skip_build --demo_dir data/demo \
