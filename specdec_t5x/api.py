@@ -6,9 +6,9 @@ compiles the whole generation (encoders, caches, loop) into one jitted call.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Optional, Tuple
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,7 +18,7 @@ from specdec_t5x import decoding, sampling
 ModelAndParams = Tuple[Any, Any]  # (flax module with encode/init_cache/extend, params)
 
 
-@dataclasses.dataclass
+@flax.struct.dataclass
 class GenerateOutput:
   tokens: jax.Array  # [batch, max_decode_length] int32, no BOS, zeros after first EOS
   stats: dict  # see decoding._finish

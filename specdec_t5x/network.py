@@ -378,3 +378,22 @@ class Decoder(nn.Module):
       x, layer_cache = layer.extend(x, layer_cache, positions + 1, self_bias, cross_bias)
       new_layers.append(layer_cache)
     return self._logits(x, True), dict(cache, layers=new_layers)
+
+
+# T5 v1.1 sizes (shared/DESIGN.md): emb_dim, num_heads, layers (each stack), mlp_dim.
+T5_1_1_SIZES = {
+    'small': (512, 6, 8, 1024), 'base': (768, 12, 12, 2048), 'large': (1024, 16, 24, 2816),
+    'xl': (2048, 32, 24, 5120), 'xxl': (4096, 64, 24, 10240),
+}
+
+
+def t5_1_1_config(size: str, **overrides) -> T5Config:
+  """T5 v1.1 config of a named size (vocab 32128, head_dim 64, gated-GELU, no dropout)."""
+  if size not in T5_1_1_SIZES:
+    raise ValueError(f'Unknown T5 v1.1 size {size!r}; choose from {sorted(T5_1_1_SIZES)}.')
+  emb, heads, layers, mlp = T5_1_1_SIZES[size]
+  kwargs = dict(vocab_size=32128, emb_dim=emb, num_heads=heads, num_encoder_layers=layers,
+                num_decoder_layers=layers, head_dim=64, mlp_dim=mlp,
+                mlp_activations=('gelu', 'linear'), dropout_rate=0.0, logits_via_embedding=False)
+  kwargs.update(overrides)
+  return T5Config(**kwargs)

@@ -1,0 +1,118 @@
+"""Decode costs and implementation efficiency on random-weight T5 v1.1 shapes.
+
+  python scripts/bench_decode.py                       # CPU default: target base, draft small
+  python scripts/bench_decode.py --target=small --draft=small --emb_scale=0.5 --quick
+
+Measures, in one process after compilation, each as the median of interleaved repeats:
+  * per-call cost of a target step, a draft step and a (gamma+1)-token verification;
+  * AR tokens/s of generate(draft=None) and of a straightforward T5X-style loop
+    (specdec_t5x/reference.py) on the same weights; their ratio;
+  * speculative tokens/s with draft == target (alpha = 1) and with the random draft
+    (alpha ~ 0), at each gamma; the speedup over AR, the ideal speedup
+    tokens_per_call * t_target / (gamma * t_draft + t_verify), and efficiency = measured / ideal.
+Writes results/decode_costs.json and results/decode_costs.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_t5x import benchmarking, generate, reference
+from specdec_t5x.network import Transformer, t5_1_1_config
+
+
+def build(size: str, seed: int, vocab: int):
+  cfg = t5_1_1_config(size, vocab_size=vocab)
+  module = Transformer(cfg)
+  dummy = jnp.ones((1, 4), jnp.int32)
+  params = jax.jit(module.init)(jax.random.PRNGKey(seed), dummy, dummy)['params']
+  return cfg, module, params
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument('--target', default='base')
+  ap.add_argument('--draft', default='small')
+  ap.add_argument('--vocab', type=int, default=32128)
+  ap.add_argument('--batch', type=int, default=1)
+  ap.add_argument('--enc_len', type=int, default=32)
+  ap.add_argument('--max_len', type=int, default=48)
+  ap.add_argument('--gammas', default='2,4,7')
+  ap.add_argument('--repeats', type=int, default=5)
+  ap.add_argument('--out', default='results/decode_costs')
+  args = ap.parse_args(argv)
+  gammas = [int(g) for g in args.gammas.split(',')]
+
+  t_cfg, t_mod, t_params = build(args.target, 0, args.vocab)
+  d_cfg, d_mod, d_params = build(args.draft, 1, args.vocab)
+  enc = jnp.asarray(np.random.RandomState(0).randint(2, args.vocab, (args.batch, args.enc_len)),
+                    jnp.int32)
+  target, draft = (t_mod, t_params), (d_mod, d_params)
+
+  costs = {'t_target_step': benchmarking.call_cost(t_mod, t_params, enc, 1),
+           't_draft_step': benchmarking.call_cost(d_mod, d_params, enc, 1)}
+  for g in gammas:
+    costs[f't_verify_{g + 1}'] = benchmarking.call_cost(t_mod, t_params, enc, g + 1)
+  print('call costs (ms):', {k: round(v * 1e3, 3) for k, v in costs.items()}, file=sys.stderr)
+
+  gen = lambda **kw: (lambda: generate(target, enc, max_decode_length=args.max_len, eos_id=-1, **kw))
+  ref = jax.jit(reference.greedy_decode, static_argnums=(0, 3, 4))
+  fns = {'ar': gen(), 'reference_t5x_style': lambda: ref(t_cfg, t_params, enc, args.max_len, -1)}
+  for g in gammas:
+    fns[f'spec_self_g{g}'] = gen(draft=target, gamma=g)
+    fns[f'spec_draft_g{g}'] = gen(draft=draft, gamma=g)
+  times = benchmarking.median_times(fns, args.repeats)
+  med = {k: statistics.median(v) for k, v in times.items()}
+  tokens = args.batch * args.max_len
+
+  rows = []
+  for g in gammas:
+    for kind, t_draft in (('self', costs['t_target_step']), ('draft', costs['t_draft_step'])):
+      stats = gen(draft=target if kind == 'self' else draft, gamma=g)().stats
+      calls = float(np.sum(stats['target_calls']))
+      tpc = float(np.sum(stats['generated_tokens'])) / calls
+      ideal = tpc * costs['t_target_step'] / (g * t_draft + costs[f't_verify_{g + 1}'])
+      measured = med['ar'] / med[f'spec_{kind}_g{g}']
+      rows.append({'draft': args.target if kind == 'self' else args.draft, 'gamma': g,
+                   'alpha_empirical': float(np.sum(stats['accepted_tokens']) /
+                                            max(1, np.sum(stats['drafted_tokens']))),
+                   'tokens_per_target_call': tpc, 'speedup_measured': measured,
+                   'speedup_ideal': ideal, 'efficiency': measured / ideal,
+                   'tokens_per_s': tokens / med[f'spec_{kind}_g{g}']})
+  result = {
+      'command': 'python scripts/bench_decode.py ' + ' '.join(argv if argv is not None else sys.argv[1:]),
+      'environment': benchmarking.environment(), 'args': vars(args),
+      'target_config': str(t_cfg), 'draft_config': str(d_cfg),
+      'call_costs_s': costs, 'c': costs['t_draft_step'] / costs['t_target_step'],
+      'ar_tokens_per_s': tokens / med['ar'],
+      'reference_t5x_style_tokens_per_s': tokens / med['reference_t5x_style'],
+      'ar_vs_reference_speed_ratio': med['reference_t5x_style'] / med['ar'],
+      'speculative': rows, 'raw_times_s': times,
+  }
+  benchmarking.write_json(args.out + '.json', result)
+  lines = [f"# Decode costs ({result['environment']['device_kind']}, batch {args.batch}, "
+           f"{args.max_len} tokens)", '', f"Command: `{result['command']}`", '',
+           f"Target {args.target}, draft {args.draft} (random T5 v1.1 weights, vocab {args.vocab}).",
+           '', '| quantity | value |', '|---|---|']
+  lines += [f'| {k} | {v * 1e3:.3f} ms |' for k, v in costs.items()]
+  lines += [f"| c = t_draft / t_target | {result['c']:.3f} |",
+            f"| AR tokens/s (ours) | {result['ar_tokens_per_s']:.1f} |",
+            f"| AR tokens/s (T5X-style loop) | {result['reference_t5x_style_tokens_per_s']:.1f} |",
+            f"| ours / T5X-style speed | {result['ar_vs_reference_speed_ratio']:.2f}x |", '',
+            '| draft | gamma | alpha | tokens/call | speedup | ideal | efficiency |',
+            '|---|---|---|---|---|---|---|']
+  lines += [f"| {r['draft']} | {r['gamma']} | {r['alpha_empirical']:.2f} | "
+            f"{r['tokens_per_target_call']:.2f} | {r['speedup_measured']:.2f}x | "
+            f"{r['speedup_ideal']:.2f}x | {r['efficiency']:.2f} |" for r in rows]
+  benchmarking.write_text(args.out + '.md', '\n'.join(lines) + '\n')
+  print('\n'.join(lines))
+
+
+if __name__ == '__main__':
+  main()

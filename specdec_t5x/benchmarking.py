@@ -1,0 +1,105 @@
+"""Timing helpers shared by the benchmark scripts (shared/DESIGN.md, "Measuring").
+
+Everything is timed inside one process after compilation, with `block_until_ready`;
+scripts report medians and ratios of runs interleaved in the same loop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import tempfile
+import time
+from typing import Any, Callable, Dict, List
+
+import jax
+import jax.numpy as jnp
+
+
+def block(x):
+  return jax.tree_util.tree_map(lambda a: a.block_until_ready() if hasattr(a, 'block_until_ready')
+                                else a, x)
+
+
+def wall(fn: Callable[[], Any]) -> float:
+  """Seconds for one call of fn, its outputs ready."""
+  start = time.perf_counter()
+  block(fn())
+  return time.perf_counter() - start
+
+
+def _repeated_extend(module, num_tokens: int, num_calls: int, cache_len: int):
+  """A jitted fn(params, enc) that runs `num_calls` cached calls of `num_tokens` tokens."""
+  def run(params, enc):
+    encoded = module.apply({'params': params}, enc, method='encode')
+    cache = module.apply({'params': params}, encoded, enc, cache_len, method='init_cache')
+    tokens = jnp.full((enc.shape[0], num_tokens), 3, jnp.int32)
+
+    def body(i, carry):
+      cache, acc = carry
+      logits, cache = module.apply({'params': params}, cache, tokens,
+                                   jnp.full((enc.shape[0],), i, jnp.int32), method='extend')
+      return cache, acc + logits[:, -1, 0]
+    return jax.lax.fori_loop(0, num_calls, body, (cache, jnp.zeros((enc.shape[0],))))[1]
+  return jax.jit(run)
+
+
+def call_cost(module, params, enc, num_tokens: int, num_calls: int = 32, repeats: int = 5) -> float:
+  """Median seconds of ONE cached decoder call over `num_tokens` new tokens.
+
+  Measured as (time of num_calls calls - time of 0 calls) / num_calls, so the encoder and
+  cache set-up are excluded.
+  """
+  cache_len = num_calls + num_tokens + 1
+  many = _repeated_extend(module, num_tokens, num_calls, cache_len)
+  none = _repeated_extend(module, num_tokens, 0, cache_len)
+  block(many(params, enc)), block(none(params, enc))  # compile
+  diffs = [wall(lambda: many(params, enc)) - wall(lambda: none(params, enc))
+           for _ in range(repeats)]
+  return max(statistics.median(diffs), 1e-9) / num_calls
+
+
+def median_times(fns: Dict[str, Callable[[], Any]], repeats: int) -> Dict[str, List[float]]:
+  """Runs every fn once per repeat, interleaved; returns all times per name."""
+  for fn in fns.values():
+    block(fn())  # compile / warm up
+  times: Dict[str, List[float]] = {name: [] for name in fns}
+  for _ in range(repeats):
+    for name, fn in fns.items():
+      times[name].append(wall(fn))
+  return times
+
+
+def environment() -> Dict[str, Any]:
+  """Machine, device and code revision, recorded in every results file."""
+  try:
+    rev = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], capture_output=True,
+                         text=True, check=True, cwd=os.path.dirname(__file__)).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    rev = 'unknown'
+  dev = jax.devices()[0]
+  return {'git_revision': rev, 'device_kind': dev.device_kind, 'platform': dev.platform,
+          'num_devices': jax.device_count(), 'cpu_count': os.cpu_count(),
+          'machine': platform.machine(), 'python': platform.python_version(),
+          'jax': jax.__version__}
+
+
+def write_json(path: str, data: Any) -> None:
+  """Atomic JSON write (temp file + rename)."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix='.tmp')
+  with os.fdopen(fd, 'w') as f:
+    json.dump(data, f, indent=2, default=float)
+    f.write('\n')
+  os.replace(tmp, path)
+
+
+def write_text(path: str, text: str) -> None:
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix='.tmp')
+  with os.fdopen(fd, 'w') as f:
+    f.write(text)
+  os.replace(tmp, path)
