@@ -9,9 +9,9 @@ y_0, y_1, ... from index 2. The decoder input at position t is seq[t + 1]. A row
 generated tokens feeds seq[n + 1] (= y_{n-1}, or BOS) at position n next.
 
 Speculative step (Algorithm 1 of shared/PAPER.md), per row with n tokens so far:
-  draft:  one 2-token call on (seq[n], seq[n+1]) at positions (n-1, n) gives q_1 (the first
-          token re-writes position n-1, which a fully accepted previous block left unwritten
-          in the draft cache), then single-token calls give q_2..q_g; x_i ~ q_i.
+  draft:  single-token calls give q_1..q_g; x_i ~ q_i. When the previous block was fully
+          accepted, its last draft x_g was never fed to the draft, so the first call takes
+          2 tokens (seq[n], seq[n+1]) at positions (n-1, n) instead (a lax.cond).
   verify: ONE target call on (y_{n-1}, x_1..x_gamma) at positions n..n+gamma: p_1..p_{gamma+1}.
   accept: n_acc leading drafts, then one token from the residual or the bonus p.
 Caches roll back for free: the next call writes from the row's new n, and stale slots lie
@@ -40,6 +40,7 @@ class DecodeState:
   rng: jax.Array  # [b, 2] uint32: one key per row
   target_cache: Any
   draft_cache: Any
+  draft_behind: jax.Array  # [b] bool: the draft cache lacks position n - 1 (all accepted)
   target_calls: jax.Array  # [b] int32: target calls while the row was decoding
   drafted: jax.Array  # [b] int32: draft tokens proposed to the row's verifier
   accepted: jax.Array  # [b] int32: draft tokens accepted
@@ -53,6 +54,7 @@ def _init_state(batch, max_len, extra, rng, target_cache, draft_cache, gamma):
       done=jnp.zeros((batch,), bool),
       rng=jax.random.split(rng, batch),
       target_cache=target_cache, draft_cache=draft_cache,
+      draft_behind=jnp.zeros((batch,), bool),
       target_calls=jnp.zeros((batch,), jnp.int32),
       drafted=jnp.zeros((batch,), jnp.int32),
       accepted=jnp.zeros((batch,), jnp.int32),
@@ -99,18 +101,35 @@ def _finish(state: DecodeState, max_len: int):
   return tokens, stats
 
 
+def _split_keys(rng, num: int, cfg: sampling.SamplingConfig):
+  """rng [b, 2] -> (next rng [b, 2], keys [b, num, 2]); greedy decoding uses no randomness."""
+  if cfg.greedy:
+    return rng, None
+  keys = jax.vmap(lambda k: jax.random.split(k, num + 1))(rng)
+  return keys[:, 0], keys[:, 1:]
+
+
+def _propose(logits, keys, i, cfg: sampling.SamplingConfig):
+  """logits [b, V] -> (token [b], distribution [b, V], or None when greedy)."""
+  if cfg.greedy:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
+  probs = sampling.standardize(logits, cfg)
+  key = jax.lax.dynamic_index_in_dim(keys, i, axis=1, keepdims=False)
+  return sampling.sample(key, probs), probs
+
+
 def autoregressive_decode(target_fn: ExtendFn, target_cache, rng, *, batch: int, max_len: int,
                           cfg: sampling.SamplingConfig, eos_id: int):
   """Baseline: one target call per token. Returns (tokens [b, max_len], stats)."""
   state = _init_state(batch, max_len, 1, rng, target_cache, None, 0)
 
   def body(s: DecodeState):
-    keys = jax.vmap(lambda k: jax.random.split(k, 2))(s.rng)  # [b, 2, 2]
+    rng, keys = _split_keys(s.rng, 1, cfg)
     last = _row_window(s.seq, s.length + 1, 1)  # [b, 1]
     logits, cache = target_fn(s.target_cache, last, s.length)
-    token = sampling.sample_or_argmax(keys[:, 1], sampling.standardize(logits[:, 0], cfg), cfg)
+    token, _ = _propose(logits[:, 0], keys, 0, cfg)
     calls = s.target_calls + (~s.done).astype(jnp.int32)
-    s = s.replace(rng=keys[:, 0], target_cache=cache, target_calls=calls)
+    s = s.replace(rng=rng, target_cache=cache, target_calls=calls)
     return _emit(s, token[:, None], jnp.ones((batch,), jnp.int32), max_len, eos_id)
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
@@ -119,23 +138,31 @@ def autoregressive_decode(target_fn: ExtendFn, target_cache, rng, *, batch: int,
 
 def _draft_block(draft_fn: ExtendFn, s: DecodeState, keys, num_steps, gamma: int,
                  cfg: sampling.SamplingConfig):
-  """Draft `num_steps` (<= gamma, traced) tokens per row; -> (x [b, gamma], q [b, gamma, V], cache)."""
-  first = _row_window(s.seq, s.length, 2)  # [b, 2]: y_{n-2}, y_{n-1}
-  logits, cache = draft_fn(s.draft_cache, first, s.length - 1)
-  q1 = sampling.standardize(logits[:, 1], cfg)  # [b, V]
-  x1 = sampling.sample_or_argmax(keys[:, 0], q1, cfg)
+  """Drafts `num_steps` (<= gamma, traced) tokens per row.
+
+  Returns (x [b, gamma], q [b, gamma, V] or None when greedy, draft cache).
+  """
+  def catch_up(_):  # re-feed y_{n-2} at n - 1, left unwritten by a fully accepted block
+    logits, cache = draft_fn(s.draft_cache, _row_window(s.seq, s.length, 2), s.length - 1)
+    return logits[:, 1], cache
+
+  def plain(_):
+    logits, cache = draft_fn(s.draft_cache, _row_window(s.seq, s.length + 1, 1), s.length)
+    return logits[:, 0], cache
+
+  logits, cache = jax.lax.cond(jnp.any(s.draft_behind & ~s.done), catch_up, plain, None)
+  x1, q1 = _propose(logits, keys, 0, cfg)
   xs = jnp.zeros((x1.shape[0], gamma), jnp.int32).at[:, 0].set(x1)
-  qs = jnp.zeros((x1.shape[0], gamma, q1.shape[-1]), jnp.float32).at[:, 0].set(q1)
+  qs = None if q1 is None else jnp.zeros(q1.shape[:1] + (gamma,) + q1.shape[1:]).at[:, 0].set(q1)
 
   def body(carry):
     i, xs, qs, cache = carry
     x_prev = jax.lax.dynamic_index_in_dim(xs, i - 1, axis=1, keepdims=True)  # [b, 1]
     logits, cache = draft_fn(cache, x_prev, s.length + i)
-    q = sampling.standardize(logits[:, 0], cfg)
-    key = jax.lax.dynamic_index_in_dim(keys, i, axis=1, keepdims=False)
-    x = sampling.sample_or_argmax(key, q, cfg)
+    x, q = _propose(logits[:, 0], keys, i, cfg)
     xs = jax.lax.dynamic_update_index_in_dim(xs, x, i, axis=1)
-    qs = jax.lax.dynamic_update_index_in_dim(qs, q, i, axis=1)
+    if qs is not None:
+      qs = jax.lax.dynamic_update_index_in_dim(qs, q, i, axis=1)
     return i + 1, xs, qs, cache
 
   _, xs, qs, cache = jax.lax.while_loop(
@@ -150,29 +177,34 @@ def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, dr
   state = _init_state(batch, max_len, gamma + 1, rng, target_cache, draft_cache, gamma)
 
   def body(s: DecodeState):
-    keys = jax.vmap(lambda k: jax.random.split(k, gamma + 3))(s.rng)  # [b, gamma + 3, 2]
+    rng, keys = _split_keys(s.rng, gamma + 2, cfg)  # gamma drafts, uniforms, correction
     active = ~s.done
     # Near the length limit fewer tokens are drafted: a row with r tokens left drafts r - 1.
     room = jnp.where(active, max_len - s.length - 1, 0)  # [b]
     num_steps = jnp.clip(jnp.max(room), 0, gamma)
     num_drafted = jnp.minimum(room, num_steps)
-    xs, qs, draft_cache = _draft_block(draft_fn, s, keys[:, 1:], num_steps, gamma, cfg)
+    xs, qs, draft_cache = _draft_block(draft_fn, s, keys, num_steps, gamma, cfg)
 
     last = _row_window(s.seq, s.length + 1, 1)  # [b, 1]
     logits, target_cache = target_fn(s.target_cache, jnp.concatenate([last, xs], 1), s.length)
-    p = sampling.standardize(logits, cfg)  # [b, gamma + 1, V]
-
-    uniforms = jax.vmap(lambda k: jax.random.uniform(k, (gamma,)))(keys[:, gamma + 1])
-    n_acc = sampling.accept_tokenwise(uniforms, xs, qs, p, num_drafted, lenience)
-    dist = sampling.correction_distribution(n_acc, num_drafted, qs, p, lenience)
-    token = sampling.sample_or_argmax(keys[:, gamma + 2], dist, cfg)
+    if cfg.greedy:  # one-hot p and q: the same rule, without materialising them
+      best = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [b, gamma + 1]
+      n_acc = sampling.accept_greedy(xs, best, num_drafted)
+      token = jnp.take_along_axis(best, n_acc[:, None], axis=1)[:, 0]
+    else:
+      p = sampling.standardize(logits, cfg)  # [b, gamma + 1, V]
+      uniforms = jax.vmap(lambda k: jax.random.uniform(k, (gamma,)))(keys[:, gamma])
+      n_acc = sampling.accept_tokenwise(uniforms, xs, qs, p, num_drafted, lenience)
+      dist = sampling.correction_distribution(n_acc, num_drafted, qs, p, lenience)
+      token = sampling.sample(keys[:, gamma + 1], dist)
 
     candidates = jnp.concatenate([xs, jnp.zeros((batch, 1), jnp.int32)], 1)
     candidates = jnp.where(jnp.arange(gamma + 1)[None, :] == n_acc[:, None],
                            token[:, None], candidates)  # [b, gamma + 1]
     act = active.astype(jnp.int32)
     s = s.replace(
-        rng=keys[:, 0], target_cache=target_cache, draft_cache=draft_cache,
+        rng=rng, target_cache=target_cache, draft_cache=draft_cache,
+        draft_behind=(n_acc == num_steps) & (num_steps > 0),
         target_calls=s.target_calls + act, drafted=s.drafted + num_drafted * act,
         accepted=s.accepted + n_acc * act,
         histogram=s.histogram + jnp.sum(jax.nn.one_hot(n_acc, gamma + 1, dtype=jnp.int32)

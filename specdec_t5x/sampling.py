@@ -100,6 +100,17 @@ def accept_tokenwise(uniforms, draft_tokens, q, p, num_drafted, lenience: float 
   return jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
 
 
+def accept_greedy(draft_tokens, target_argmax, num_drafted):
+  """`accept_tokenwise` for one-hot p and q: keep drafts while they equal the target argmax.
+
+  draft_tokens [b, gamma], target_argmax [b, gamma + 1], num_drafted [b] -> [b] int32.
+  """
+  gamma = draft_tokens.shape[1]
+  ok = (draft_tokens == target_argmax[:, :gamma])
+  ok &= jnp.arange(gamma)[None, :] < num_drafted[:, None]
+  return jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
+
+
 def correction_distribution(num_accepted, num_drafted, q, p, lenience: float = 1.0):
   """The distribution of the token emitted after the accepted prefix, per row: [b, V].
 
