@@ -7,6 +7,9 @@ distributions (standardised like the target's), so speculative sampling stays ex
 * `UnigramDraft`: q(x) from a fixed logit vector `logits [V]`.
 * `BigramDraft`: q(x | previous token) from a table `logits [V, V]`, the paper's
   negligible-cost bigram draft.
+* `SparseBigramDraft`: the same with the table stored as the top-k successors of each
+  token over a unigram back-off (a few MB instead of V^2 floats), built from corpus
+  counts by `sparse_bigram` and saved with `save_ngram` / `load_ngram`.
 """
 
 from __future__ import annotations
@@ -83,3 +86,79 @@ def ngram_log_probs(sequences: Iterable[Iterable[int]], vocab_size: int, order: 
       np.add.at(counts, (prev, seq), 1.0)
   counts += smoothing
   return np.log(counts / counts.sum(axis=-1, keepdims=True)).astype(np.float32)
+
+
+class SparseBigramDraft(_CachelessDraft):
+  """q(x | prev) = top-k bigram log-probs of `prev`, unigram back-off elsewhere.
+
+  Params: `backoff [V]` log-probs, `ids [V, K]` successor ids, `logits [V, K]` their
+  log-probs. The back-off mass is already folded into `backoff` (see `sparse_bigram`), so
+  each row is a normalised distribution.
+  """
+  topk: int = 32
+
+  @nn.compact
+  def extend(self, cache, tokens, positions):
+    v, k = self.vocab_size, self.topk
+    backoff = self.param('backoff', nn.initializers.zeros, (v,), jnp.float32)
+    ids = self.param('ids', nn.initializers.zeros, (v, k), jnp.int32)
+    logits = self.param('logits', nn.initializers.zeros, (v, k), jnp.float32)
+    row_ids, row_logits = jnp.take(ids, tokens, axis=0), jnp.take(logits, tokens, axis=0)
+    flat = jnp.broadcast_to(backoff, tokens.shape + (v,)).reshape(-1, v)
+    rows = jnp.arange(flat.shape[0])[:, None]
+    flat = flat.at[rows, row_ids.reshape(-1, k)].set(row_logits.reshape(-1, k))
+    return flat.reshape(tokens.shape + (v,)), cache
+
+
+def sparse_bigram(sequences: Iterable[Iterable[int]], vocab_size: int, topk: int = 32,
+                  smoothing: float = 0.1, bos_id: int = 0) -> dict:
+  """Top-k bigram successors per token with a unigram back-off, from token sequences.
+
+  For each previous token the k most frequent successors keep their smoothed bigram
+  probability; the remaining mass is spread over all other tokens in proportion to the
+  unigram distribution. Returns SparseBigramDraft params (numpy).
+  """
+  uni = np.exp(ngram_log_probs(sequences, vocab_size, 1, smoothing))  # [V]
+  counts = np.zeros((vocab_size, vocab_size), np.float32)
+  for seq in sequences:
+    seq = np.asarray(list(seq), np.int64)
+    if seq.size:
+      np.add.at(counts, (np.concatenate([[bos_id], seq[:-1]]), seq), 1.0)
+  ids = np.argsort(-counts, axis=1, kind='stable')[:, :topk]  # [V, K]
+  top = np.take_along_axis(counts, ids, axis=1) + smoothing
+  total = counts.sum(1, keepdims=True) + smoothing * vocab_size
+  p_top = top / total  # [V, K]
+  rest_uni = 1.0 - np.take_along_axis(np.broadcast_to(uni, counts.shape), ids, axis=1).sum(1)
+  rest_mass = 1.0 - p_top.sum(1)  # [V]
+  # Back-off row for `prev`: uni * rest_mass / rest_uni; rows differ only by a scale, so
+  # store one shared vector and fold each row's scale into its top-k entries instead.
+  scale = rest_mass / np.maximum(rest_uni, 1e-12)  # [V]
+  backoff = np.log(uni)
+  logits = np.log(p_top) - np.log(scale)[:, None]
+  return {'backoff': backoff.astype(np.float32), 'ids': ids.astype(np.int32),
+          'logits': logits.astype(np.float32)}
+
+
+def save_ngram(path: str, params: dict, vocab_size: int) -> None:
+  """Writes n-gram draft params (.npz, atomically)."""
+  import os
+  import tempfile
+  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix='.npz')
+  os.close(fd)
+  np.savez_compressed(tmp, vocab_size=vocab_size, **params)
+  os.replace(tmp, path)
+
+
+def load_ngram(path: str):
+  """-> (module, params) of a draft saved by `save_ngram` (sparse bigram or unigram)."""
+  import os
+  if not os.path.exists(path):
+    raise FileNotFoundError(f'No n-gram draft at {path!r}.')
+  with np.load(path) as data:
+    params = {k: jnp.asarray(data[k]) for k in data.files if k != 'vocab_size'}
+    vocab = int(data['vocab_size'])
+  if 'ids' in params:
+    return SparseBigramDraft(vocab, topk=int(params['ids'].shape[1])), params
+  if params['logits'].ndim == 1:
+    return UnigramDraft(vocab), params
+  return BigramDraft(vocab), params

@@ -15,7 +15,7 @@ from scipy import stats
 
 from conftest import make_model, tiny_config
 from specdec_t5x import api, generate, sampling
-from specdec_t5x.drafts import BigramDraft
+from specdec_t5x import drafts
 
 VOCAB, EOS, MAX_LEN, ROWS = 6, 1, 3, 20000
 
@@ -24,8 +24,16 @@ VOCAB, EOS, MAX_LEN, ROWS = 6, 1, 3, 20000
 def models():
   target = make_model(tiny_config(vocab=VOCAB), seed=10, logit_scale=1.5)
   draft = make_model(tiny_config(vocab=VOCAB, emb=16, layers=1), seed=11, logit_scale=1.5)
-  bigram = (BigramDraft(VOCAB), {'logits': jnp.asarray(np.random.RandomState(1).randn(VOCAB, VOCAB))})
-  return target, draft, bigram
+  rs = np.random.RandomState(1)
+  seqs = [list(rs.randint(1, VOCAB, size=rs.randint(1, 5))) for _ in range(50)]
+  ngrams = {
+      'bigram': (drafts.BigramDraft(VOCAB), {'logits': jnp.asarray(rs.randn(VOCAB, VOCAB))}),
+      'sparse_bigram': (drafts.SparseBigramDraft(VOCAB, topk=2),
+                        drafts.sparse_bigram(seqs, VOCAB, topk=2)),
+      'unigram': (drafts.UnigramDraft(VOCAB),
+                  {'logits': drafts.ngram_log_probs(seqs, VOCAB, 1)}),
+  }
+  return target, draft, ngrams
 
 
 def _all_sequences():
@@ -91,11 +99,12 @@ def test_speculative_matches_exact_target_distribution(models, cfg):
   assert pvalue > 1e-3, pvalue
 
 
-def test_bigram_draft_is_exact(models):
-  target, _, bigram = models
+@pytest.mark.parametrize('name', ['bigram', 'sparse_bigram', 'unigram'])
+def test_ngram_drafts_are_exact(models, name):
+  target, _, ngrams = models
   cfg = sampling.SamplingConfig(1.0)
   exact = exact_probabilities(target, ENC, cfg)
-  assert chi2_pvalue(exact, sample_counts(target, bigram, ENC, cfg, seed=2, gamma=3)) > 1e-3
+  assert chi2_pvalue(exact, sample_counts(target, ngrams[name], ENC, cfg, seed=2, gamma=3)) > 1e-3
 
 
 def test_autoregressive_matches_exact_target_distribution(models):
