@@ -1,0 +1,131 @@
+"""The gin files under configs/: every paper-row config parses and matches PAPER.md Table 2.
+
+Parsing uses the real runner's gin set-up (specdec_t5x.infer.parse_gin); nothing is run.
+"""
+import pathlib
+import re
+
+import gin
+import pytest
+
+from specdec_t5x import infer
+from specdec_t5x import tasks
+
+CONFIGS = pathlib.Path(__file__).resolve().parents[1] / 'configs'
+CKPT = 'gs://t5-data/pretrained_models/t5x/t5_1_1_{}/checkpoint_1000000'
+
+# Leviathan et al. (2023), Table 2: (task, draft, temperature, gamma, alpha, speedup).
+TABLE_2 = {
+    'spec_t5_small_xxl.gin': ('EnDe', 'small', 0, 7),  # 0.75, 3.4x
+    'spec_ende_base_xxl_t0.gin': ('EnDe', 'base', 0, 7),  # 0.80, 2.8x
+    'spec_ende_large_xxl_t0.gin': ('EnDe', 'large', 0, 7),  # 0.82, 1.7x
+    'spec_ende_small_xxl_t1.gin': ('EnDe', 'small', 1, 7),  # 0.62, 2.6x
+    'spec_ende_base_xxl_t1.gin': ('EnDe', 'base', 1, 5),  # 0.68, 2.4x
+    'spec_ende_large_xxl_t1.gin': ('EnDe', 'large', 1, 3),  # 0.71, 1.4x
+    'spec_cnndm_small_xxl_t0.gin': ('CNNDM', 'small', 0, 5),  # 0.65, 3.1x
+    'spec_cnndm_base_xxl_t0.gin': ('CNNDM', 'base', 0, 5),  # 0.73, 3.0x
+    'spec_cnndm_large_xxl_t0.gin': ('CNNDM', 'large', 0, 3),  # 0.74, 2.2x
+    'spec_cnndm_small_xxl_t1.gin': ('CNNDM', 'small', 1, 5),  # 0.53, 2.3x
+    'spec_cnndm_base_xxl_t1.gin': ('CNNDM', 'base', 1, 3),  # 0.55, 2.2x
+    'spec_cnndm_large_xxl_t1.gin': ('CNNDM', 'large', 1, 3),  # 0.56, 1.7x
+}
+TASKS = {'EnDe': tasks.WMT_ENDE, 'CNNDM': tasks.CNN_DAILYMAIL}
+# (emb_dim, num_heads, layers, mlp_dim, head_dim, activations, tied logits), DESIGN.md / T5.
+T5_1_1 = {'small': (512, 6, 8, 1024), 'base': (768, 12, 12, 2048),
+          'large': (1024, 16, 24, 2816), 'xl': (2048, 32, 24, 5120),
+          'xxl': (4096, 64, 24, 10240)}
+T5_1_0 = {'small': (512, 8, 6, 2048, 64), 'base': (768, 12, 12, 3072, 64),
+          'large': (1024, 16, 24, 4096, 64), '3B': (1024, 32, 24, 16384, 128),
+          '11B': (1024, 128, 24, 65536, 128)}
+
+
+def _macro(name):
+  value = gin.query_parameter(f'%{name}')
+  if isinstance(value, gin.config.ConfigurableReference):
+    return value.scoped_configurable_fn() if value.evaluate else value.scoped_configurable_fn
+  return value
+
+
+@pytest.fixture(autouse=True)
+def _clean_gin():
+  yield
+  gin.clear_config()
+
+
+def test_every_table_2_row_has_a_config_and_nothing_else_is_unaccounted():
+  rows = {p.name for p in CONFIGS.glob('spec_*.gin')} - {'spec_tiny_test.gin'}
+  assert rows == set(TABLE_2)
+  assert len(set(TABLE_2.values())) == 12
+
+
+@pytest.mark.parametrize('name', sorted(TABLE_2))
+def test_paper_row_config_matches_table_2(name):
+  task, draft, temperature, gamma = TABLE_2[name]
+  text = (CONFIGS / name).read_text()
+  header = text.split('from __gin__')[0]
+  assert f'python -m specdec_t5x.infer --gin_file=configs/{name}' in header
+  assert f'T5-{draft}, temperature {temperature}, gamma {gamma}' in header
+  infer.parse_gin([f'configs/{name}'], ["INFER_OUTPUT_DIR = '/tmp/unused'"])
+  assert _macro('MIXTURE_OR_TASK_NAME') == TASKS[task]
+  assert _macro('TEMPERATURE') == float(temperature)
+  assert _macro('GAMMA') == gamma
+  assert _macro('BATCH_SIZE') == 1
+  assert _macro('TARGET_CHECKPOINT') == CKPT.format('xxl')
+  assert _macro('DRAFT_CHECKPOINT') == CKPT.format(draft)
+  for macro, size in (('TARGET_CONFIG', 'xxl'), ('DRAFT_CONFIG', draft)):
+    cfg = _macro(macro)
+    emb, heads, layers, mlp = T5_1_1[size]
+    assert (cfg.emb_dim, cfg.num_heads, cfg.num_encoder_layers, cfg.num_decoder_layers,
+            cfg.mlp_dim, cfg.head_dim) == (emb, heads, layers, layers, mlp, 64)
+    assert cfg.vocab_size == 32128 and cfg.mlp_activations == ('gelu', 'linear')
+    assert not cfg.logits_via_embedding and cfg.dtype == 'bfloat16'
+  # The runner's model settings come from these macros (not evaluated: no data or weights).
+  assert gin.query_parameter('models.SpeculativeEncoderDecoderModel.gamma') is not None
+  lengths = _macro('TASK_FEATURE_LENGTHS')
+  assert set(lengths) == {'inputs', 'targets'}
+
+
+@pytest.mark.parametrize('version,sizes', [('1_1', T5_1_1), ('1_0', T5_1_0)])
+def test_model_size_files(version, sizes):
+  for size, dims in sizes.items():
+    path = CONFIGS / 'models' / f't5_{version}_{size}.gin'
+    assert path.exists(), path
+    includes = re.findall(r"^include '([^']+)'", path.read_text(), re.M)
+    if size != 'base':
+      assert includes == [f'configs/models/t5_{version}_base.gin']  # base + overrides
+    gin.clear_config()
+    gin.add_config_file_search_path(str(CONFIGS.parent))
+    gin.parse_config_files_and_bindings([str(path)], [])
+    scope = {'3B': 'xl_3B', '11B': 'xxl_11B'}.get(size, size)  # no leading digits in gin
+    cfg = gin.get_configurable(f't5_{version}/{scope}/network.T5Config')()
+    emb, heads, layers, mlp = dims[:4]
+    assert (cfg.emb_dim, cfg.num_heads, cfg.num_encoder_layers, cfg.mlp_dim) == (
+        emb, heads, layers, mlp)
+    assert cfg.head_dim == (dims[4] if version == '1_0' else 64)
+    assert cfg.vocab_size == 32128
+    assert cfg.mlp_activations == (('relu',) if version == '1_0' else ('gelu', 'linear'))
+    assert cfg.logits_via_embedding == (version == '1_0')
+
+
+def test_run_file_lists_its_required_macros():
+  text = (CONFIGS / 'runs' / 'infer.gin').read_text()
+  header = text.split('from __gin__')[0]
+  required = re.findall(r'^(\w+) = %gin\.REQUIRED', text, re.M)
+  assert set(required) >= {'TASK_FEATURE_LENGTHS', 'MIXTURE_OR_TASK_NAME', 'TARGET_CHECKPOINT',
+                           'DRAFT_CHECKPOINT', 'INFER_OUTPUT_DIR', 'GAMMA'}
+  for macro in required:
+    assert macro in header, macro
+
+
+def test_include_chains_are_at_most_two_deep():
+  def depth(path):
+    includes = re.findall(r"^include '([^']+)'", path.read_text(), re.M)
+    return 1 + max((depth(CONFIGS.parent / inc) for inc in includes), default=0)
+  for path in CONFIGS.rglob('*.gin'):
+    assert depth(path) - 1 <= 2, path
+
+
+def test_tiny_config_parses():
+  infer.parse_gin(['configs/spec_tiny_test.gin'], ["INFER_OUTPUT_DIR = '/tmp/unused'"])
+  assert _macro('MIXTURE_OR_TASK_NAME') == tasks.DEMO_ENDE
+  assert _macro('TARGET_CONFIG').vocab_size >= 8000

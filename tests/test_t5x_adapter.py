@@ -1,0 +1,140 @@
+"""SpeculativeEncoderDecoderModel (models.py) and the T5X re-exports (utils.py).
+
+The standalone (no-T5X) model is always tested; the T5X subclass only where `t5x` is
+importable (it is not on PyPI), otherwise that test is skipped with the reason.
+"""
+import dataclasses
+import importlib.util
+
+import jax
+import numpy as np
+import pytest
+
+from specdec_t5x import checkpoints, generate, models, utils
+from specdec_t5x.network import T5Config, Transformer
+
+HAVE_T5X = importlib.util.find_spec('t5x') is not None
+CFG = T5Config(vocab_size=48, emb_dim=16, num_heads=2, num_encoder_layers=1,
+               num_decoder_layers=1, head_dim=8, mlp_dim=32, dropout_rate=0.0,
+               mlp_activations=('gelu', 'linear'))
+DRAFT_CFG = dataclasses.replace(CFG, emb_dim=8, num_heads=1)
+
+
+@pytest.fixture(scope='module')
+def weights():
+  return (models.init_params(Transformer(CFG), jax.random.PRNGKey(0)),
+          models.init_params(Transformer(DRAFT_CFG), jax.random.PRNGKey(1)))
+
+
+def _batch(batch=2, enc_len=8, dec_len=6):
+  x = np.random.RandomState(0).randint(2, 48, size=(batch, enc_len)).astype(np.int32)
+  x[1, 5:] = 0
+  return {'encoder_input_tokens': x,
+          'decoder_input_tokens': np.zeros((batch, dec_len), np.int32)}
+
+
+@pytest.mark.parametrize('speculative', [True, False])
+def test_standalone_predict_batch_with_aux_is_generate(weights, speculative):
+  target_params, draft_params = weights
+  kw = dict(draft_config=DRAFT_CFG, draft_params=draft_params) if speculative else {}
+  model = models.StandaloneSpeculativeModel(Transformer(CFG), gamma=3, temperature=1.0, **kw)
+  batch, rng = _batch(), jax.random.PRNGKey(7)
+  decodes, aux = model.predict_batch_with_aux(target_params, batch,
+                                              decoder_params={'decode_rng': rng})
+  ref = generate((Transformer(CFG), target_params), batch['encoder_input_tokens'],
+                 draft=(Transformer(DRAFT_CFG), draft_params) if speculative else None,
+                 gamma=3, temperature=1.0, max_decode_length=6, rng=rng)
+  assert decodes.shape == (2, 6)  # T5X's [batch, max_decode_length]
+  np.testing.assert_array_equal(decodes, ref.tokens)
+  assert set(aux) == set(models.PER_EXAMPLE_STATS)
+  for key, value in aux.items():
+    assert value.shape == (2,)  # per example, as T5X's infer expects
+    np.testing.assert_array_equal(value, ref.stats[key])
+  _, _, batch_stats = model.predict_batch_with_stats(target_params, batch, rng=rng)
+  np.testing.assert_array_equal(batch_stats['accepted_length_histogram'],
+                                ref.stats['accepted_length_histogram'])
+  np.testing.assert_array_equal(model.predict_batch(target_params, batch, rng=rng), decodes)
+  assert model.describe()['speculative'] == speculative
+  with pytest.raises(NotImplementedError):
+    model.predict_batch_with_aux(target_params, batch, num_decodes=4)
+
+
+def test_draft_checkpoint_restore_and_errors(tmp_path, weights):
+  path = checkpoints.save_params(weights[1], str(tmp_path / 'checkpoint_5'), step=5)
+  model = models.StandaloneSpeculativeModel(Transformer(CFG), draft_config=DRAFT_CFG,
+                                            draft_checkpoint=path)
+  with pytest.raises(ValueError, match='restore_draft'):
+    _ = model.draft_params
+  model.restore_draft()
+  leaves = jax.tree_util.tree_leaves(model.draft_params)
+  for got, want in zip(leaves, jax.tree_util.tree_leaves(weights[1])):
+    np.testing.assert_array_equal(got, want)
+  missing = models.StandaloneSpeculativeModel(Transformer(CFG), draft_config=DRAFT_CFG,
+                                              draft_checkpoint=str(tmp_path / 'nope'))
+  with pytest.raises(FileNotFoundError, match=r"nope'.*--gin\.DRAFT_CHECKPOINT="):
+    missing.restore_draft()
+  with pytest.raises(ValueError, match='vocab_size=48, draft vocab_size=50'):
+    models.StandaloneSpeculativeModel(Transformer(CFG),
+                                      draft_config=dataclasses.replace(DRAFT_CFG, vocab_size=50))
+  with pytest.raises(TypeError, match='Unknown arguments'):
+    models.StandaloneSpeculativeModel(Transformer(CFG), beam_size=4)
+
+
+def test_t5x_style_module_is_decoded_with_our_network():
+  @dataclasses.dataclass(frozen=True)
+  class T5XConfig:  # T5X's T5Config has these fields (and maybe more).
+    vocab_size: int = 48
+    emb_dim: int = 16
+    num_heads: int = 2
+    num_encoder_layers: int = 1
+    num_decoder_layers: int = 1
+    head_dim: int = 8
+    mlp_dim: int = 32
+    mlp_activations: tuple = ('gelu', 'linear')
+    dropout_rate: float = 0.0
+    logits_via_embedding: bool = False
+    scale_attention_logits: bool = False  # not ours: ignored
+
+  class T5XTransformer:  # stands in for t5x.examples.t5.network.Transformer
+    config = T5XConfig()
+
+  ours = models.as_our_transformer(T5XTransformer())
+  assert ours == Transformer(CFG)
+  assert models.as_our_transformer(ours) is ours
+
+
+def test_utils_reexports_t5x_or_field_compatible_dataclasses():
+  names = [f.name for f in dataclasses.fields(utils.DatasetConfig)]
+  assert names[:6] == ['mixture_or_task_name', 'task_feature_lengths', 'split', 'batch_size',
+                       'shuffle', 'seed']
+  assert {'use_cached', 'pack', 'module'} <= set(names)
+  restore = [f.name for f in dataclasses.fields(utils.RestoreCheckpointConfig)]
+  assert restore[:2] == ['path', 'mode'] and 'dtype' in restore
+  if HAVE_T5X:
+    import t5x.utils  # pylint: disable=g-import-not-at-top
+    assert utils.DatasetConfig is t5x.utils.DatasetConfig
+  else:
+    assert not utils.HAVE_T5X
+    assert models.SpeculativeEncoderDecoderModel is models.StandaloneSpeculativeModel
+    with pytest.raises(ValueError, match='mode'):
+      utils.RestoreCheckpointConfig(path='/x', mode='newest')
+
+
+@pytest.mark.skipif(not HAVE_T5X, reason='t5x is not installed (it is not on PyPI); '
+                    'the T5X subclass is only defined where t5x is importable')
+def test_t5x_subclass_predicts_like_generate(weights):  # pragma: no cover - needs T5X
+  from t5x import models as t5x_models  # pylint: disable=g-import-not-at-top
+  from t5x.examples.t5 import network as t5x_network  # pylint: disable=g-import-not-at-top
+  t5x_cfg = t5x_network.T5Config(**{f.name: getattr(CFG, f.name)
+                                   for f in dataclasses.fields(CFG)})
+  model = models.SpeculativeEncoderDecoderModel(
+      module=t5x_network.Transformer(t5x_cfg), input_vocabulary=None,
+      output_vocabulary=None, optimizer_def=None, draft_config=DRAFT_CFG,
+      draft_params=weights[1], gamma=3)
+  assert isinstance(model, t5x_models.EncoderDecoderModel)
+  batch = _batch()
+  decodes, aux = model.predict_batch_with_aux(weights[0], batch)
+  ref = generate((Transformer(CFG), weights[0]), batch['encoder_input_tokens'],
+                 draft=(Transformer(DRAFT_CFG), weights[1]), gamma=3, max_decode_length=6)
+  np.testing.assert_array_equal(decodes, ref.tokens)
+  assert all(v.shape == (2,) for v in aux.values())
