@@ -52,9 +52,9 @@ def _prepare(module, params, encoder_tokens, cache_len):
 _COMPILED: dict = {}
 
 
-def _compiled(target_module, draft_module, *, max_len, gamma, cfg, lenience):
+def _compiled(target_module, draft_module, *, max_len, gamma, cfg, lenience, verifier):
   key = (_module_key(target_module), draft_module and _module_key(draft_module),
-         max_len, gamma, cfg, lenience)
+         max_len, gamma, cfg, lenience, verifier)
   if key in _COMPILED:
     return _COMPILED[key]
 
@@ -70,7 +70,8 @@ def _compiled(target_module, draft_module, *, max_len, gamma, cfg, lenience):
     draft_cache = _prepare(draft_module, draft_params, encoder_tokens, cache_len)
     return decoding.speculative_decode(
         target_fn, _extend_fn(draft_module, draft_params), target_cache, draft_cache, rng,
-        batch=batch, max_len=max_len, gamma=gamma, cfg=cfg, eos_id=eos_id, lenience=lenience)
+        batch=batch, max_len=max_len, gamma=gamma, cfg=cfg, eos_id=eos_id, lenience=lenience,
+        verifier=verifier)
 
   _COMPILED[key] = jax.jit(run)
   return _COMPILED[key]
@@ -89,7 +90,7 @@ def _check_encoder_inputs(x) -> jax.Array:
 def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[ModelAndParams] = None,
              gamma: int = 4, temperature: float = 0.0, topk: int = 0, topp: float = 0.0,
              max_decode_length: int, rng: Optional[jax.Array] = None, eos_id: int = 1,
-             lenience: float = 1.0) -> GenerateOutput:
+             lenience: float = 1.0, verifier: str = 'token') -> GenerateOutput:
   """Decodes with the target, speculatively when a draft is given (exact for lenience=1).
 
   Args:
@@ -105,6 +106,8 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
     eos_id: end-of-sequence id; a row stops after emitting it.
     lenience: l in (0, 1]; l < 1 is the paper's LOSSY relaxation (output distribution
       changes). 1.0, the default, is exact.
+    verifier: 'token' (Algorithm 1) or 'block' (block verification, Sun et al. 2025:
+      exact, never fewer accepted tokens in expectation). Greedy decoding is identical.
 
   Returns:
     GenerateOutput with `.tokens` [batch, max_decode_length] and `.stats` (per-row
@@ -118,6 +121,10 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
     raise ValueError(f'max_decode_length must be an integer >= 1, got {max_decode_length}.')
   if not 0.0 < lenience <= 1.0:
     raise ValueError(f'lenience must be in (0, 1], got {lenience}.')
+  if verifier not in ('token', 'block'):
+    raise ValueError(f"verifier must be 'token' or 'block', got {verifier!r}.")
+  if verifier == 'block' and lenience != 1.0:
+    raise ValueError('lenience < 1 is defined for the token-wise verifier only.')
   tokens = _check_encoder_inputs(encoder_input_tokens)
   target_module, target_params = target
   draft_module, draft_params = draft if draft is not None else (None, None)
@@ -129,6 +136,6 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
   rng = jax.random.PRNGKey(0) if rng is None else rng
   fn = _compiled(target_module, draft_module, max_len=int(max_decode_length),
                  gamma=int(gamma) if draft_module is not None else 0, cfg=cfg,
-                 lenience=float(lenience))
+                 lenience=float(lenience), verifier=verifier)
   out_tokens, stats = fn(target_params, draft_params, tokens, rng, jnp.int32(eos_id))
   return GenerateOutput(out_tokens, stats)

@@ -172,8 +172,12 @@ def _draft_block(draft_fn: ExtendFn, s: DecodeState, keys, num_steps, gamma: int
 
 def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, draft_cache, rng,
                        *, batch: int, max_len: int, gamma: int, cfg: sampling.SamplingConfig,
-                       eos_id: int, lenience: float = 1.0):
-  """Algorithm 1 inside one `lax.while_loop`. Returns (tokens [b, max_len], stats)."""
+                       eos_id: int, lenience: float = 1.0, verifier: str = 'token'):
+  """Algorithm 1 inside one `lax.while_loop`. Returns (tokens [b, max_len], stats).
+
+  `verifier`: 'token' (the paper's token-wise rule) or 'block' (Sun et al., 2025); both
+  exact. Lenience applies to the token-wise rule only.
+  """
   state = _init_state(batch, max_len, gamma + 1, rng, target_cache, draft_cache, gamma)
 
   def body(s: DecodeState):
@@ -194,8 +198,11 @@ def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, dr
     else:
       p = sampling.standardize(logits, cfg)  # [b, gamma + 1, V]
       uniforms = jax.vmap(lambda k: jax.random.uniform(k, (gamma,)))(keys[:, gamma])
-      n_acc = sampling.accept_tokenwise(uniforms, xs, qs, p, num_drafted, lenience)
-      dist = sampling.correction_distribution(n_acc, num_drafted, qs, p, lenience)
+      if verifier == 'block':
+        n_acc, dist = sampling.accept_block(uniforms, xs, qs, p, num_drafted)
+      else:
+        n_acc = sampling.accept_tokenwise(uniforms, xs, qs, p, num_drafted, lenience)
+        dist = sampling.correction_distribution(n_acc, num_drafted, qs, p, lenience)
       token = sampling.sample(keys[:, gamma + 1], dist)
 
     candidates = jnp.concatenate([xs, jnp.zeros((batch, 1), jnp.int32)], 1)

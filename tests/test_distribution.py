@@ -61,8 +61,8 @@ def exact_probabilities(target, enc, cfg):
   return {tuple(s): p for (s, _), p in zip(seqs, step.prod(1))}
 
 
-def sample_counts(target, draft, enc, cfg, seed, gamma=2):
-  out = generate(target, np.repeat(enc, ROWS, 0), draft=draft, gamma=gamma,
+def sample_counts(target, draft, enc, cfg, seed, gamma=2, verifier='token'):
+  out = generate(target, np.repeat(enc, ROWS, 0), draft=draft, gamma=gamma, verifier=verifier,
                  temperature=cfg.temperature, topk=cfg.topk, topp=cfg.topp,
                  max_decode_length=MAX_LEN, eos_id=EOS, rng=jax.random.PRNGKey(seed))
   seqs, counts = np.unique(np.asarray(out.tokens), axis=0, return_counts=True)
@@ -97,6 +97,14 @@ def test_speculative_matches_exact_target_distribution(models, cfg):
   assert abs(sum(exact.values()) - 1) < 1e-5
   pvalue = chi2_pvalue(exact, sample_counts(target, draft, ENC, cfg, seed=1))
   assert pvalue > 1e-3, pvalue
+
+
+@pytest.mark.parametrize('cfg', [CASES[0], CASES[2]], ids=['t1', 'topk3'])
+def test_block_verification_matches_exact_target_distribution(models, cfg):
+  target, draft, _ = models
+  exact = exact_probabilities(target, ENC, cfg)
+  counts = sample_counts(target, draft, ENC, cfg, seed=6, gamma=3, verifier='block')
+  assert chi2_pvalue(exact, counts) > 1e-3
 
 
 @pytest.mark.parametrize('name', ['bigram', 'sparse_bigram', 'unigram'])
