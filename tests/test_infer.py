@@ -10,7 +10,10 @@ import io
 import json
 import os
 import pathlib
+import subprocess
+import sys
 
+import gin
 import jax
 import jax.numpy as jnp
 import pytest
@@ -58,6 +61,12 @@ def _checkpoints(root):
   draft = jax.tree_util.tree_unflatten(tree, noisy)
   return (checkpoints.save_params(params, str(root / 'target' / 'checkpoint_1'), step=1),
           checkpoints.save_params(draft, str(root / 'draft' / 'checkpoint_1'), step=1))
+
+
+@pytest.fixture(autouse=True)
+def _unlock_gin():
+  yield
+  gin.clear_config()  # main() leaves the config locked, as T5X does.
 
 
 @pytest.fixture(scope='module')
@@ -186,12 +195,13 @@ def test_autoregressive_baseline_equals_greedy_speculative(env, full_run):
       f"--gin.draft/seqio.SentencePieceVocabulary.sentencepiece_model_file="
       f"'{REPO / 'data' / 'vocab' / 'demo_spm.model'}'"], ValueError,
      r'Draft and target use different SentencePiece models'),
+    (['--gin.VOCAB_EXTRA_IDS=5'], ValueError, r'Model and task vocabularies differ'),
     (["--gin.MIXTURE_OR_TASK_NAME='wmt_t2t_ende_v003'"], ValueError,
      r"Unknown task 'wmt_t2t_ende_v003'.*'specdec_wmt_t2t_ende_v003'"),
     (["--gin.TASK_FEATURE_LENGTHS={'inputs': 6, 'targets': 10}"], ValueError,
      r'has \d+ input tokens.*allow_truncation'),
-], ids=['target_checkpoint', 'draft_checkpoint', 'vocab_size', 'sentencepiece', 'task',
-        'too_long'])
+], ids=['target_checkpoint', 'draft_checkpoint', 'vocab_size', 'sentencepiece',
+        'model_task_vocab', 'task', 'too_long'])
 def test_clear_errors(env, extra, error, pattern):
   out = env['root'] / 'errors'
   with pytest.raises(error, match=pattern):
@@ -203,6 +213,14 @@ def test_unset_macro_is_named(env):
   with pytest.raises(ValueError, match=r'Gin macro INFER_OUTPUT_DIR is required but not set: '
                                        r'pass --gin.INFER_OUTPUT_DIR='):
     infer.main(_flags(env, None, output_dir=False))
+
+
+def test_command_line_names_an_unset_macro():
+  proc = subprocess.run([sys.executable, '-m', 'specdec_t5x.infer',
+                         '--gin_file=configs/spec_tiny_test.gin'], cwd=REPO,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode != 0
+  assert 'Gin macro INFER_OUTPUT_DIR is required but not set' in proc.stderr
 
 
 def test_tiny_config_runs(tmp_path):

@@ -5,6 +5,11 @@ importable (it is not on PyPI), otherwise that test is skipped with the reason.
 """
 import dataclasses
 import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
 
 import jax
 import numpy as np
@@ -14,6 +19,7 @@ from specdec_t5x import checkpoints, generate, models, utils
 from specdec_t5x.network import T5Config, Transformer
 
 HAVE_T5X = importlib.util.find_spec('t5x') is not None
+REPO = pathlib.Path(__file__).resolve().parents[1]
 CFG = T5Config(vocab_size=48, emb_dim=16, num_heads=2, num_encoder_layers=1,
                num_decoder_layers=1, head_dim=8, mlp_dim=32, dropout_rate=0.0,
                mlp_activations=('gelu', 'linear'))
@@ -78,6 +84,9 @@ def test_draft_checkpoint_restore_and_errors(tmp_path, weights):
                                       draft_config=dataclasses.replace(DRAFT_CFG, vocab_size=50))
   with pytest.raises(TypeError, match='Unknown arguments'):
     models.StandaloneSpeculativeModel(Transformer(CFG), beam_size=4)
+  lossy = models.StandaloneSpeculativeModel(Transformer(CFG), draft_config=DRAFT_CFG,
+                                            lenience=0.5).describe()
+  assert lossy['lossy'] and lossy['lenience'] == 0.5 and lossy['draft_config']['emb_dim'] == 8
 
 
 def test_t5x_style_module_is_decoded_with_our_network():
@@ -118,6 +127,63 @@ def test_utils_reexports_t5x_or_field_compatible_dataclasses():
     assert models.SpeculativeEncoderDecoderModel is models.StandaloneSpeculativeModel
     with pytest.raises(ValueError, match='mode'):
       utils.RestoreCheckpointConfig(path='/x', mode='newest')
+
+
+_FAKE_T5X = {  # Just enough of T5X's API (constructor, class names) to import against.
+    't5x/__init__.py': '',
+    't5x/models.py': """
+        class EncoderDecoderModel:
+          def __init__(self, module, input_vocabulary, output_vocabulary, optimizer_def,
+                       decode_fn=None, feature_converter_cls=None, label_smoothing=0.0,
+                       z_loss=0.0, loss_normalizing_factor=None,
+                       default_decoder_params=None):
+            self.module = module
+            self._output_vocabulary = output_vocabulary
+            self.t5x_kwargs = dict(z_loss=z_loss, decode_fn=decode_fn)
+
+          @property
+          def output_vocabulary(self):
+            return self._output_vocabulary
+
+          def predict_batch_with_aux(self, *args, **kwargs):
+            raise AssertionError('T5X beam search must be overridden')
+        """,
+    't5x/utils.py': """
+        import dataclasses
+        @dataclasses.dataclass
+        class DatasetConfig:
+          mixture_or_task_name: str
+        @dataclasses.dataclass
+        class RestoreCheckpointConfig:
+          path: str
+        """,
+}
+
+
+def test_with_t5x_importable_the_model_subclasses_t5x(tmp_path):
+  """Checks the T5X branch of models.py/utils.py against a stand-in `t5x` package."""
+  for name, text in _FAKE_T5X.items():
+    (tmp_path / name).parent.mkdir(exist_ok=True)
+    (tmp_path / name).write_text(textwrap.dedent(text))
+  child = textwrap.dedent("""
+      import t5x.models, t5x.utils
+      from specdec_t5x import models, utils
+      from specdec_t5x.network import T5Config, Transformer
+      assert utils.HAVE_T5X and utils.DatasetConfig is t5x.utils.DatasetConfig
+      cls = models.SpeculativeEncoderDecoderModel
+      assert issubclass(cls, t5x.models.EncoderDecoderModel)
+      assert cls is not models.StandaloneSpeculativeModel
+      cfg = T5Config(vocab_size=48, emb_dim=16, num_heads=2, num_encoder_layers=1,
+                     num_decoder_layers=1, head_dim=8, mlp_dim=32)
+      m = cls(Transformer(cfg), None, None, None, draft_config=cfg, gamma=5, z_loss=1e-4)
+      assert m.t5x_kwargs['z_loss'] == 1e-4 and m.gamma == 5 and m.is_speculative
+      assert cls.predict_batch_with_aux is models._SpeculativeMixin.predict_batch_with_aux
+      print('OK')
+      """)
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]))
+  proc = subprocess.run([sys.executable, '-c', child], env=env, cwd=tmp_path,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0 and proc.stdout.strip().endswith('OK'), proc.stderr[-3000:]
 
 
 @pytest.mark.skipif(not HAVE_T5X, reason='t5x is not installed (it is not on PyPI); '
