@@ -1,0 +1,109 @@
+r"""Trains T5 v1.1-style demo models with teacher forcing on the pre-tokenised corpus.
+
+  python scripts/train.py --model demo_target --data data/corpus/npz \
+      --workdir runs/demo_target --steps 20000 --batch_size 128 --max_seconds 300
+
+prints jax.devices(), the parameter count, a tqdm bar with train/val loss, and a summary
+JSON line per model; writes `<workdir>/checkpoint_<step>/` (T5X native, float32),
+`train_state_<step>.msgpack`, `config.json` and `log.jsonl` (step, train_loss, val_loss,
+tokens_per_s, elapsed). Rerunning with the same --workdir resumes exactly.
+
+Several models, one after another, each with its own budget (one value or one per model):
+
+  python scripts/train.py --model demo_target,demo_draft_m,demo_draft_s \
+      --workdir runs/demo --steps auto --max_seconds 240,150,90 \
+      --final_export checkpoints/demo
+
+trains into runs/demo/<model>/ and exports bf16 params to
+checkpoints/demo/<model>/checkpoint_<step>/ with a config.json (T5Config fields).
+`--steps auto` fits the cosine schedule to the time budget.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
+
+from specdec_t5x import training  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def _value(text: str):
+  for cast in (int, float):
+    try:
+      return cast(text)
+    except ValueError:
+      pass
+  return text
+
+
+def _pairs(text: str) -> dict:
+  """'a=1,b=x' -> {'a': 1, 'b': 'x'}."""
+  return {k: _value(v) for k, v in (kv.split('=', 1) for kv in text.split(',') if kv)}
+
+
+def _per_model(text: str, n: int, cast) -> list:
+  """One value for every model, or a comma list with one value per model."""
+  items = [None if v in ('auto', 'none') else cast(v) for v in str(text).split(',')]
+  if len(items) not in (1, n):
+    raise SystemExit(f'{text!r}: give one value or {n} (one per model)')
+  return items * n if len(items) == 1 else items
+
+
+def parse(argv=None) -> argparse.Namespace:
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument('--model', required=True, help=f'comma list of {sorted(training.PRESETS)}')
+  p.add_argument('--data', default='data/corpus/npz', help='dir of {task}_{split}.npz')
+  p.add_argument('--workdir', required=True, help='one model: the run dir; several: parent')
+  p.add_argument('--steps', default='10000', help="per model; 'auto' fits max_seconds")
+  p.add_argument('--max_seconds', default='none', help='time budget per model (seconds)')
+  p.add_argument('--batch_size', default='64', help='per model')
+  p.add_argument('--learning_rate', default='2e-3', help='peak, per model')
+  p.add_argument('--optimizer', default='adamw', choices=['adamw', 'adafactor'])
+  p.add_argument('--schedule', default='cosine', choices=['cosine', 'rsqrt'])
+  p.add_argument('--warmup_steps', type=int, default=500)
+  p.add_argument('--weight_decay', type=float, default=0.01)
+  p.add_argument('--z_loss', type=float, default=1e-4)
+  p.add_argument('--mixing_rates', default='', help="e.g. 'ende=1,summarize=1'; default: sizes")
+  p.add_argument('--dtype', default='float32', help='compute dtype, e.g. bfloat16')
+  p.add_argument('--override', default='', help="T5Config fields, e.g. 'layers=4,mlp_dim=1024'")
+  p.add_argument('--save_every', type=int, default=1000)
+  p.add_argument('--eval_every', type=int, default=500)
+  p.add_argument('--log_every', type=int, default=50)
+  p.add_argument('--num_val_examples', type=int, default=512, help='per task')
+  p.add_argument('--seed', type=int, default=0)
+  p.add_argument('--final_export', default='', help='write bf16 params to DIR/<model>/')
+  p.add_argument('--no_progress', action='store_true', help='no tqdm bar')
+  return p.parse_args(argv)
+
+
+def main(argv=None) -> list:
+  args = parse(argv)
+  names = args.model.split(',')
+  n = len(names)
+  steps, seconds, batch, lr = (
+      _per_model(args.steps, n, int), _per_model(args.max_seconds, n, float),
+      _per_model(args.batch_size, n, int), _per_model(args.learning_rate, n, float))
+  summaries = []
+  for i, name in enumerate(names):
+    model_cfg = training.model_config(name, dtype=args.dtype, **_pairs(args.override))
+    cfg = training.TrainConfig(
+        steps=steps[i], batch_size=batch[i], optimizer=args.optimizer, schedule=args.schedule,
+        learning_rate=lr[i], warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
+        z_loss=args.z_loss, mixing_rates=_pairs(args.mixing_rates) or None,
+        max_seconds=seconds[i], save_every=args.save_every, eval_every=args.eval_every,
+        log_every=args.log_every, num_val_examples=args.num_val_examples, seed=args.seed)
+    workdir = args.workdir if n == 1 else os.path.join(args.workdir, name)
+    params, summary = training.train(model_cfg, args.data, workdir, cfg,
+                                     progress=not args.no_progress)
+    if args.final_export:
+      summary['export'] = training.export_params(
+          params, os.path.join(args.final_export, name), model_cfg, summary['step'])
+    summaries.append({'model': name, 'params': training.num_params(params), **summary})
+    print(json.dumps(summaries[-1]), flush=True)
+  return summaries
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,148 @@
+"""Training: one step moves the params, loss falls, resume is exact, the time budget saves."""
+
+import json
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_t5x import training
+from specdec_t5x.checkpoints import load_params
+
+VOCAB = 64
+
+
+def tiny_model(**kw):
+  return training.model_config('tiny', vocab_size=VOCAB, emb_dim=16, num_heads=2, head_dim=8,
+                               mlp_dim=32, **kw)
+
+
+def _examples(rs, n, in_len=12, tgt_len=8):
+  """Random 0-padded rows ending in EOS 1, like the corpus npz files."""
+  inputs, targets = np.zeros((n, in_len), np.int32), np.zeros((n, tgt_len), np.int32)
+  for arr in (inputs, targets):
+    for row in arr:
+      k = rs.randint(2, arr.shape[1] + 1)
+      row[:k - 1], row[k - 1] = rs.randint(2, VOCAB, size=k - 1), 1
+  return {'inputs': inputs, 'targets': targets}
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+  d = tmp_path_factory.mktemp('npz')
+  rs = np.random.RandomState(0)
+  for task, n in (('ende', 40), ('summarize', 24)):
+    np.savez(d / f'{task}_train.npz', **_examples(rs, n))
+    np.savez(d / f'{task}_validation.npz', **_examples(rs, 6))
+  return str(d)
+
+
+def small_cfg(**kw):
+  base = dict(steps=6, batch_size=4, learning_rate=1e-2, warmup_steps=2, log_every=2,
+              eval_every=4, save_every=100, num_val_examples=6)
+  return training.TrainConfig(**{**base, **kw})
+
+
+def _flat(params):
+  return {k: np.asarray(v) for k, v in
+          jax.tree_util.tree_flatten_with_path(params)[0]}
+
+
+def test_presets_and_overrides():
+  cfg = training.model_config('demo_target', layers=4, dtype='bfloat16')
+  assert (cfg.num_encoder_layers, cfg.num_decoder_layers, cfg.dtype) == (4, 4, jnp.bfloat16)
+  assert cfg.vocab_size == 8192 and tuple(cfg.mlp_activations) == ('gelu', 'linear')
+  with pytest.raises(ValueError, match='Unknown model'):
+    training.model_config('nope')
+
+
+def test_mixture_is_deterministic_and_proportional(data_dir):
+  tasks = training.load_split(data_dir, 'train')
+  a, b = (training.Mixture(tasks, 32, seed=3) for _ in range(2))
+  ca = cb = np.zeros(2, np.int64)
+  for step in range(40):
+    (ba, ca), (bb, cb) = a.batch(step, ca), b.batch(step, cb)
+    assert all(np.array_equal(ba[k], bb[k]) for k in ba)
+  np.testing.assert_allclose(ca / ca.sum(), [40 / 64, 24 / 64], atol=0.05)
+  np.testing.assert_array_equal(ba['decoder_input_tokens'][:, 1:],
+                                ba['decoder_target_tokens'][:, :-1])
+  assert not ba['decoder_input_tokens'][:, 0].any()  # BOS 0.
+
+
+def test_one_step_changes_params(data_dir, tmp_path):
+  p0, _ = training.train(tiny_model(), data_dir, str(tmp_path / 'a'), small_cfg(steps=0))
+  p1, summary = training.train(tiny_model(), data_dir, str(tmp_path / 'b'), small_cfg(steps=1))
+  assert np.isfinite(summary['val_loss'])
+  f0, f1 = _flat(p0), _flat(p1)
+  assert f0.keys() == f1.keys()
+  assert all(not np.array_equal(f0[k], f1[k]) for k in f0)  # Every parameter moved.
+
+
+@pytest.mark.parametrize('optimizer', ['adamw', 'adafactor'])
+def test_loss_decreases_on_a_repeated_batch(data_dir, optimizer):
+  peak = {'adamw': 1e-2, 'adafactor': 5e-2}[optimizer]  # Adafactor's is relative.
+  cfg = small_cfg(optimizer=optimizer, learning_rate=peak)
+  train_step, _, tx = training.make_steps(tiny_model(), optimizer, cfg.weight_decay,
+                                          cfg.z_loss)
+  batch = training.Mixture(training.load_split(data_dir, 'train'), 4).batch(0, [0, 0])[0]
+  dummy = jnp.ones((1, 4), jnp.int32)
+  params = training.Transformer(tiny_model()).init(jax.random.PRNGKey(0), dummy, dummy)['params']
+  opt_state, losses = tx.init(params), []
+  for step in range(30):
+    lr = np.float32(training.learning_rate(step, cfg, 30))
+    params, opt_state, m = train_step(params, opt_state, batch, lr, jax.random.key(0, impl='rbg'),
+                                      np.int32(step))
+    losses.append(float(m['ce_sum'] / m['count']))
+  assert np.all(np.isfinite(losses)) and losses[-1] < 0.5 * losses[0], losses
+
+
+@pytest.mark.parametrize('schedule', ['cosine', 'rsqrt'])
+def test_resume_is_exact(data_dir, tmp_path, schedule):
+  cfg = small_cfg(schedule=schedule, save_every=2, keep=2)
+  straight, _ = training.train(tiny_model(), data_dir, str(tmp_path / 'once'), cfg)
+  work = str(tmp_path / 'parts')
+  if schedule == 'rsqrt':  # The schedule ignores the total: 3 steps, then 3 more.
+    training.train(tiny_model(), data_dir, work, small_cfg(schedule=schedule, steps=3))
+    assert training.latest_step(work) == 3
+  else:  # Interrupted by the time budget (one step per call), then run to the end.
+    for want in (1, 2):
+      _, summary = training.train(tiny_model(), data_dir, work, small_cfg(max_seconds=0.0))
+      assert summary['stopped_by_time'] and training.latest_step(work) == want
+  resumed, summary = training.train(tiny_model(), data_dir, work, cfg)
+  assert summary['step'] == 6 and not summary['stopped_by_time']
+  f0, f1 = _flat(straight), _flat(resumed)
+  for k in f0:
+    np.testing.assert_array_equal(f1[k], f0[k], err_msg=str(k))  # Bitwise.
+  kept = sorted(f for f in os.listdir(work) if f.startswith('checkpoint_'))
+  assert kept == ['checkpoint_4', 'checkpoint_6']  # Only the latest two.
+
+
+def test_time_budget_stops_and_saves(data_dir, tmp_path):
+  work = str(tmp_path / 'w')
+  params, summary = training.train(tiny_model(), data_dir, work,
+                                   small_cfg(steps=1000, max_seconds=0.0))
+  assert summary['stopped_by_time'] and summary['step'] == 1
+  saved = load_params(f'{work}/checkpoint_1')
+  np.testing.assert_array_equal(saved['decoder']['logits_dense']['kernel'],
+                                params['decoder']['logits_dense']['kernel'])
+  records = [json.loads(line) for line in open(f'{work}/log.jsonl')]
+  assert records[-1]['event'] == 'end' and np.isfinite(records[-1]['val_loss'])
+
+
+def test_script_trains_several_models_and_exports(data_dir, tmp_path):
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', 'scripts'))
+  import train as train_script  # pylint: disable=g-import-not-at-top
+  train_script.main([
+      '--model', 'tiny,demo_draft_s', '--data', data_dir, '--workdir', str(tmp_path / 'r'),
+      '--steps', '2,3', '--batch_size', '4', '--final_export', str(tmp_path / 'x'),
+      '--override', f'vocab_size={VOCAB},emb_dim=16,num_heads=2,head_dim=8,mlp_dim=32',
+      '--no_progress'])
+  for name, step in (('tiny', 2), ('demo_draft_s', 3)):
+    assert training.latest_step(str(tmp_path / 'r' / name)) == step
+    exported = load_params(str(tmp_path / 'x' / name / f'checkpoint_{step}'))
+    assert exported['token_embedder']['embedding'].dtype == jnp.bfloat16
+    with open(tmp_path / 'x' / name / 'config.json') as f:
+      assert json.load(f) == training.config_to_dict(tiny_model())
