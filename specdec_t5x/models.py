@@ -120,7 +120,7 @@ class _SpeculativeMixin:
 
   def _init_speculative(self, *, draft_config, draft_module, draft_checkpoint, draft_params,
                         draft_vocabulary, gamma, temperature, topk, topp, max_decode_length,
-                        lenience):
+                        lenience, verifier):
     target = as_our_transformer(self.module)
     if draft_module is None and draft_config is not None:
       draft_module = network.Transformer(draft_config)
@@ -133,7 +133,7 @@ class _SpeculativeMixin:
     self.gamma, self.temperature = int(gamma), float(temperature)
     self.topk, self.topp = int(topk), float(topp)
     self.max_decode_length = max_decode_length
-    self.lenience = float(lenience)
+    self.lenience, self.verifier = float(lenience), verifier
     if self.gamma < 1:
       raise ValueError(f'gamma must be >= 1, got {gamma}.')
     if not 0.0 < self.lenience <= 1.0:
@@ -220,7 +220,7 @@ class _SpeculativeMixin:
     return {
         'speculative': self.is_speculative, 'gamma': self.gamma if self.is_speculative else None,
         'temperature': self.temperature, 'topk': self.topk, 'topp': self.topp,
-        'lenience': self.lenience, 'lossy': self.lenience < 1.0,
+        'lenience': self.lenience, 'lossy': self.lenience < 1.0, 'verifier': self.verifier,
         'max_decode_length': self.max_decode_length,
         'target_config': config_dict(self.target_module.config),
         'draft_config': config_dict(self.draft_config),
@@ -242,7 +242,8 @@ class _SpeculativeMixin:
     out = api.generate((self.target_module, params), batch['encoder_input_tokens'],
                        draft=draft, gamma=self.gamma, temperature=self.temperature,
                        topk=self.topk, topp=self.topp, max_decode_length=int(max_len),
-                       rng=rng, eos_id=self.eos_id, lenience=self.lenience)
+                       rng=rng, eos_id=self.eos_id, lenience=self.lenience,
+                       verifier=self.verifier)
     aux = {k: out.stats[k] for k in PER_EXAMPLE_STATS}
     return out.tokens, aux, {'accepted_length_histogram': out.stats['accepted_length_histogram']}
 
@@ -278,7 +279,8 @@ class _SpeculativeMixin:
 
 _DRAFT_DEFAULTS = dict(draft_config=None, draft_module=None, draft_checkpoint=None,
                        draft_params=None, draft_vocabulary=None, gamma=4, temperature=0.0,
-                       topk=0, topp=0.0, max_decode_length=None, lenience=1.0)
+                       topk=0, topp=0.0, max_decode_length=None, lenience=1.0,
+                       verifier='token')
 
 
 class StandaloneSpeculativeModel(_SpeculativeMixin):
@@ -293,7 +295,7 @@ class StandaloneSpeculativeModel(_SpeculativeMixin):
     draft_checkpoint: T5X checkpoint of the draft (loaded by `restore_draft`).
     draft_params: draft parameters, instead of a checkpoint.
     draft_vocabulary: the draft's vocabulary, checked to be the target's.
-    gamma, temperature, topk, topp, lenience: see `specdec_t5x.generate`.
+    gamma, temperature, topk, topp, lenience, verifier: see `specdec_t5x.generate`.
     max_decode_length: decoder tokens per example; None = batch['decoder_input_tokens']
       length (T5X's convention).
   """
