@@ -145,4 +145,6 @@ def test_script_trains_several_models_and_exports(data_dir, tmp_path):
     exported = load_params(str(tmp_path / 'x' / name / f'checkpoint_{step}'))
     assert exported['token_embedder']['embedding'].dtype == jnp.bfloat16
     with open(tmp_path / 'x' / name / 'config.json') as f:
-      assert json.load(f) == training.config_to_dict(tiny_model())
+      expected = training.model_config(name, vocab_size=VOCAB, emb_dim=16, num_heads=2,
+                                       head_dim=8, mlp_dim=32)
+      assert json.load(f) == training.config_to_dict(expected)
