@@ -18,6 +18,7 @@ assembled atomically, so an interrupted run loses and duplicates nothing.
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
 import json
 import os
@@ -206,7 +207,8 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
           num_examples: Optional[int] = None, decode_seed: int = 0,
           fallback_init_rng: Optional[int] = None, task_vocab_path: Optional[str] = None,
           task_data_dir: Optional[str] = None, tfds_data_dir: Optional[str] = None,
-          preempt_after_batches: Optional[int] = None) -> Dict[str, Any]:
+          preempt_after_batches: Optional[int] = None,
+          compare_baseline: bool = False) -> Dict[str, Any]:
   """Decodes a seqio task with `model` and writes predictions and metrics (see module doc).
 
   Args:
@@ -226,6 +228,10 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
     task_vocab_path, task_data_dir, tfds_data_dir: if any is set, re-register the project
       tasks with them (tasks.register_tasks).
     preempt_after_batches: testing aid; raise after this many batches of this run.
+    compare_baseline: also decode every batch autoregressively with the target alone,
+      right after its speculative run (interleaved, same process), write
+      `{task}-{mode}-baseline.jsonl...` (chunked and resumable like the main file), and
+      report its metrics and the walltime speedup (first batches, which compile, excluded).
 
   Returns:
     The metrics dict also written to metrics.json.
@@ -270,7 +276,15 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
   output_fname = f'{name}-{mode}.jsonl-{shard_id:05}-of-{num_shards:05}'
   store = ChunkStore(os.path.join(output_dir, f'tmp-{name}-{shard_id:05}-of-{num_shards:05}'),
                      output_fname, fingerprint)
-  todo = [c for c in range(num_chunks) if not store.done(c)]
+  base_store = base_model = None
+  if compare_baseline and model.is_speculative:  # Target-only runs, batch by batch.
+    base_model = copy.copy(model)
+    base_model.draft_module = None
+    base_fname = output_fname.replace(f'{mode}.jsonl', f'{mode}-baseline.jsonl')
+    base_store = ChunkStore(os.path.join(output_dir, f'tmp-{name}-baseline-{shard_id:05}'),
+                            base_fname, fingerprint)
+  todo = [c for c in range(num_chunks)
+          if not store.done(c) or (base_store is not None and not base_store.done(c))]
   resumed = num_chunks - len(todo)
 
   if todo:
@@ -281,18 +295,27 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
     params = place(params)
     if model.is_speculative:
       model.draft_params = place(model.draft_params)
-    runner = _BatchRunner(model, params, partitioner, vocab, lengths['inputs'], max_len,
-                          jax.random.fold_in(jax.random.PRNGKey(decode_seed), shard_id))
+    rng = jax.random.fold_in(jax.random.PRNGKey(decode_seed), shard_id)
+    runner = _BatchRunner(model, params, partitioner, vocab, lengths['inputs'], max_len, rng)
+    base_runner = base_model and _BatchRunner(base_model, params, partitioner, vocab,
+                                              lengths['inputs'], max_len, rng)
     bar = tqdm(total=num_batches, initial=resumed * period, desc=name, unit='batch')
     for chunk in todo:
       lines: List[str] = []
+      base_lines: List[str] = []
       info: Dict[str, Any] = {}
+      base_info: Dict[str, Any] = {}
       for b in range(chunk * period, min((chunk + 1) * period, num_batches)):
         if preempt_after_batches is not None and runner.batches_run >= preempt_after_batches:
           raise RuntimeError(f'Simulated preemption after {runner.batches_run} batches.')
-        lines += runner.run(b, examples[b * batch_size:(b + 1) * batch_size], info)
+        rows = examples[b * batch_size:(b + 1) * batch_size]
+        lines += runner.run(b, rows, info)
+        if base_runner:  # interleaved, so both see the same machine load
+          base_lines += base_runner.run(b, rows, base_info)
         bar.update(1)
       if jax.process_index() == 0:
+        if base_store is not None:
+          base_store.write(chunk, base_lines, base_info)
         store.write(chunk, lines, info)
     bar.close()
   if jax.process_index() != 0:
@@ -305,9 +328,33 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
                      num_examples=len(examples), batch_size=batch_size)
   metrics_name = 'metrics.json' if num_shards == 1 else (
       f'metrics-{shard_id:05}-of-{num_shards:05}.json')
+  if base_store is not None:
+    base_path = os.path.join(output_dir, base_fname)
+    base_store.assemble(num_chunks, base_path)
+    base = _sum_chunks([base_store.chunks[str(c)] for c in range(num_chunks)])
+    warm, spec_warm = base.get('warm_seconds', 0.0), total.get('warm_seconds', 0.0)
+    metrics['baseline'] = {
+        'predictions_file': base_fname, 'metrics': task_metrics(task, base_path),
+        'wall_seconds': base.get('seconds', 0.0), 'warm_seconds': warm,
+        'tokens_per_second': base.get('warm_tokens', 0) / warm if warm else None,
+        **models.summarize_stats(base)}
+    metrics['walltime_speedup'] = warm / spec_warm if warm and spec_warm else None
+    _print_summary(metrics)
+    shutil.rmtree(base_store.tmp_dir)
   write_atomic(os.path.join(output_dir, metrics_name), json.dumps(metrics, indent=1))
   shutil.rmtree(store.tmp_dir)
   return metrics
+
+
+def _print_summary(m: Mapping[str, Any]) -> None:
+  """The demo's few lines: quality, acceptance and speed, speculative vs baseline."""
+  def fmt(scores):
+    return ', '.join(f'{k} {v:.2f}' for k, v in (scores or {}).items())
+  print(f"{m['task']}: speculative [{fmt(m.get('metrics'))}] vs baseline "
+        f"[{fmt(m['baseline'].get('metrics'))}]")
+  print(f"alpha {m.get('alpha_empirical') or 0:.3f}, "
+        f"{m.get('mean_tokens_per_target_call') or 0:.2f} tokens per target call, gamma "
+        f"{m.get('gamma')}, walltime speedup {m.get('walltime_speedup') or 0:.2f}x")
 
 
 def _metrics(task: Any, output_path: str, total: Dict[str, Any], settings: Dict[str, Any],

@@ -230,3 +230,17 @@ def test_tiny_config_runs(tmp_path):
   assert metrics['num_examples'] == 8 and metrics['task'] == tasks.DEMO_ENDE
   assert len(_lines(tmp_path / 'demo_ende-predict.jsonl-00000-of-00001')) == 8
   assert metrics['target_checkpoint'] is None and metrics['fallback_init_rng'] == 0
+
+
+def test_compare_baseline_interleaves_ar_and_matches_greedy(tmp_path):
+  tasks.register_tasks()
+  metrics = infer.main(['--gin_file=configs/spec_tiny_test.gin',
+                        f"--gin.INFER_OUTPUT_DIR='{tmp_path}'",
+                        '--gin.infer.compare_baseline=True'])
+  spec = _lines(tmp_path / 'demo_ende-predict.jsonl-00000-of-00001')
+  base = _lines(tmp_path / 'demo_ende-predict-baseline.jsonl-00000-of-00001')
+  assert [r['prediction'] for r in spec] == [r['prediction'] for r in base]  # greedy: exact
+  b = metrics['baseline']
+  assert b['drafted_tokens'] == 0 and b['target_calls'] == b['generated_tokens']
+  assert b['warm_seconds'] > 0 and metrics['walltime_speedup'] > 0
+  assert not any(p.name.startswith('tmp-') for p in tmp_path.iterdir())
