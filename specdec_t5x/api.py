@@ -6,7 +6,7 @@ compiles the whole generation (encoders, caches, loop) into one jitted call.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Tuple, Union
 
 import flax.struct
 import jax
@@ -52,9 +52,10 @@ def _prepare(module, params, encoder_tokens, cache_len):
 _COMPILED: dict = {}
 
 
-def _compiled(target_module, draft_module, *, max_len, gamma, cfg, lenience, verifier):
+def _compiled(target_module, draft_module, *, max_len, gamma, cfg, lenience, verifier,
+              policy=decoding.GammaPolicy()):
   key = (_module_key(target_module), draft_module and _module_key(draft_module),
-         max_len, gamma, cfg, lenience, verifier)
+         max_len, gamma, cfg, lenience, verifier, policy)
   if key in _COMPILED:
     return _COMPILED[key]
 
@@ -71,7 +72,7 @@ def _compiled(target_module, draft_module, *, max_len, gamma, cfg, lenience, ver
     return decoding.speculative_decode(
         target_fn, _extend_fn(draft_module, draft_params), target_cache, draft_cache, rng,
         batch=batch, max_len=max_len, gamma=gamma, cfg=cfg, eos_id=eos_id, lenience=lenience,
-        verifier=verifier)
+        verifier=verifier, policy=policy)
 
   _COMPILED[key] = jax.jit(run)
   return _COMPILED[key]
@@ -90,7 +91,8 @@ def _check_encoder_inputs(x) -> jax.Array:
 def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[ModelAndParams] = None,
              gamma: int = 4, temperature: float = 0.0, topk: int = 0, topp: float = 0.0,
              max_decode_length: int, rng: Optional[jax.Array] = None, eos_id: int = 1,
-             lenience: float = 1.0, verifier: str = 'token') -> GenerateOutput:
+             lenience: float = 1.0, verifier: str = 'token',
+             gamma_policy: Union[str, decoding.GammaPolicy] = 'fixed') -> GenerateOutput:
   """Decodes with the target, speculatively when a draft is given (exact for lenience=1).
 
   Args:
@@ -108,11 +110,14 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
       changes). 1.0, the default, is exact.
     verifier: 'token' (Algorithm 1) or 'block' (block verification, Sun et al. 2025:
       exact, never fewer accepted tokens in expectation). Greedy decoding is identical.
+    gamma_policy: 'fixed' (default: gamma drafts every step), 'confidence' or
+      'running_alpha' (adaptive draft lengths up to gamma, decided from the draft's q and
+      past acceptances only, so still exact), or a decoding.GammaPolicy with its settings.
 
   Returns:
     GenerateOutput with `.tokens` [batch, max_decode_length] and `.stats` (per-row
     target_calls, drafted_tokens, accepted_tokens, generated_tokens, and
-    accepted_length_histogram [gamma + 1]).
+    accepted_length_histogram [gamma + 1], draft_length_histogram [gamma + 1]).
   """
   cfg = sampling.SamplingConfig(float(temperature), int(topk), float(topp))
   if int(gamma) != gamma or gamma < 1:
@@ -125,6 +130,13 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
     raise ValueError(f"verifier must be 'token' or 'block', got {verifier!r}.")
   if verifier == 'block' and lenience != 1.0:
     raise ValueError('lenience < 1 is defined for the token-wise verifier only.')
+  policy = (decoding.GammaPolicy(gamma_policy) if isinstance(gamma_policy, str)
+            else gamma_policy)
+  if not isinstance(policy, decoding.GammaPolicy):
+    raise ValueError(f'gamma_policy must be a str or decoding.GammaPolicy, got {gamma_policy!r}.')
+  if policy.kind == 'confidence' and verifier == 'block':
+    raise ValueError("gamma_policy='confidence' is verified token-wise only: block "
+                     'verification assumes draft lengths fixed before drafting.')
   tokens = _check_encoder_inputs(encoder_input_tokens)
   target_module, target_params = target
   draft_module, draft_params = draft if draft is not None else (None, None)
@@ -136,6 +148,6 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
   rng = jax.random.PRNGKey(0) if rng is None else rng
   fn = _compiled(target_module, draft_module, max_len=int(max_decode_length),
                  gamma=int(gamma) if draft_module is not None else 0, cfg=cfg,
-                 lenience=float(lenience), verifier=verifier)
+                 lenience=float(lenience), verifier=verifier, policy=policy)
   out_tokens, stats = fn(target_params, draft_params, tokens, rng, jnp.int32(eos_id))
   return GenerateOutput(out_tokens, stats)

@@ -20,6 +20,7 @@ beyond every query's position (masked by causality).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Optional
 
 import flax.struct
@@ -29,6 +30,38 @@ import jax.numpy as jnp
 from specdec_t5x import sampling
 
 ExtendFn = Callable[[Any, jax.Array, jax.Array], tuple]
+
+GAMMA_POLICIES = ('fixed', 'confidence', 'running_alpha')
+
+
+@dataclasses.dataclass(frozen=True)
+class GammaPolicy:
+  """How many tokens to draft per step, from information the draft already has (so exact).
+
+  * 'fixed': always gamma (the paper).
+  * 'confidence': draft while the draft's max q of the NEXT position is >= `threshold`
+    (the first draft is always made); at most gamma. When greedy the confidence is
+    max softmax(logits). The stop depends on q only, never on the sampled token, so
+    token-wise verification stays exact.
+  * 'running_alpha': per row and step, the gamma in 1..gamma maximising the paper's
+    (1 - a^(g+1)) / ((1 - a)(g c + 1)) at the row's running acceptance estimate a
+    (accepted / tested drafts, decayed by `decay`; prior 1 of 2), with c = `cost_ratio`.
+  Hashable: a static argument under jit.
+  """
+  kind: str = 'fixed'
+  threshold: float = 0.5
+  cost_ratio: float = 0.1
+  decay: float = 0.9
+
+  def __post_init__(self):
+    if self.kind not in GAMMA_POLICIES:
+      raise ValueError(f'gamma_policy must be one of {GAMMA_POLICIES}, got {self.kind!r}.')
+    if not 0.0 <= self.threshold <= 1.0:
+      raise ValueError(f'confidence threshold must be in [0, 1], got {self.threshold}.')
+    if self.cost_ratio < 0:
+      raise ValueError(f'cost_ratio must be >= 0, got {self.cost_ratio}.')
+    if not 0.0 < self.decay <= 1.0:
+      raise ValueError(f'decay must be in (0, 1], got {self.decay}.')
 
 
 @flax.struct.dataclass
@@ -45,6 +78,9 @@ class DecodeState:
   drafted: jax.Array  # [b] int32: draft tokens proposed to the row's verifier
   accepted: jax.Array  # [b] int32: draft tokens accepted
   histogram: jax.Array  # [gamma + 1] int32: steps with 0..gamma accepted drafts
+  draft_histogram: jax.Array  # [gamma + 1] int32: steps with 0..gamma drafts verified
+  alpha_hits: jax.Array  # [b] float32: decayed accepted drafts (running_alpha policy)
+  alpha_tests: jax.Array  # [b] float32: decayed drafts tested (accepted or the rejected one)
 
 
 def _init_state(batch, max_len, extra, rng, target_cache, draft_cache, gamma):
@@ -58,7 +94,10 @@ def _init_state(batch, max_len, extra, rng, target_cache, draft_cache, gamma):
       target_calls=jnp.zeros((batch,), jnp.int32),
       drafted=jnp.zeros((batch,), jnp.int32),
       accepted=jnp.zeros((batch,), jnp.int32),
-      histogram=jnp.zeros((gamma + 1,), jnp.int32))
+      histogram=jnp.zeros((gamma + 1,), jnp.int32),
+      draft_histogram=jnp.zeros((gamma + 1,), jnp.int32),
+      alpha_hits=jnp.ones((batch,), jnp.float32),
+      alpha_tests=jnp.full((batch,), 2.0, jnp.float32))
 
 
 def _row_window(x, start, size):
@@ -97,6 +136,7 @@ def _finish(state: DecodeState, max_len: int):
       'accepted_tokens': state.accepted,
       'generated_tokens': state.length,
       'accepted_length_histogram': state.histogram,
+      'draft_length_histogram': state.draft_histogram,
   }
   return tokens, stats
 
@@ -136,11 +176,23 @@ def autoregressive_decode(target_fn: ExtendFn, target_cache, rng, *, batch: int,
   return _finish(state, max_len)
 
 
-def _draft_block(draft_fn: ExtendFn, s: DecodeState, keys, num_steps, gamma: int,
-                 cfg: sampling.SamplingConfig):
-  """Drafts `num_steps` (<= gamma, traced) tokens per row.
+def _confidence(logits, q):
+  """[b, V] -> [b] max probability of the draft's next-token distribution."""
+  probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1) if q is None else q
+  return jnp.max(probs, axis=-1)
 
-  Returns (x [b, gamma], q [b, gamma, V] or None when greedy, draft cache).
+
+def _draft_block(draft_fn: ExtendFn, s: DecodeState, keys, num_steps, limit, gamma: int,
+                 cfg: sampling.SamplingConfig, threshold: Optional[float] = None):
+  """Drafts up to `num_steps` (<= gamma, traced) tokens per row.
+
+  `limit` [b]: drafts that can count for each row. With `threshold`, a row stops once the
+  draft's confidence for its next position falls below it (its first draft always counts),
+  and the loop ends when no row with room goes on.
+
+  Returns (x [b, gamma], q [b, gamma, V] or None when greedy, draft cache, steps: the
+  loop's draft calls after the first (x_steps was never fed to the draft), count [b]:
+  drafts made for each row before it stopped).
   """
   def catch_up(_):  # re-feed y_{n-2} at n - 1, left unwritten by a fully accepted block
     logits, cache = draft_fn(s.draft_cache, _row_window(s.seq, s.length, 2), s.length - 1)
@@ -154,29 +206,53 @@ def _draft_block(draft_fn: ExtendFn, s: DecodeState, keys, num_steps, gamma: int
   x1, q1 = _propose(logits, keys, 0, cfg)
   xs = jnp.zeros((x1.shape[0], gamma), jnp.int32).at[:, 0].set(x1)
   qs = None if q1 is None else jnp.zeros(q1.shape[:1] + (gamma,) + q1.shape[1:]).at[:, 0].set(q1)
+  going = jnp.ones(x1.shape, bool)  # [b]
+  count = jnp.ones(x1.shape, jnp.int32)  # [b]
 
   def body(carry):
-    i, xs, qs, cache = carry
+    i, xs, qs, cache, going, count = carry
     x_prev = jax.lax.dynamic_index_in_dim(xs, i - 1, axis=1, keepdims=True)  # [b, 1]
     logits, cache = draft_fn(cache, x_prev, s.length + i)
     x, q = _propose(logits[:, 0], keys, i, cfg)
     xs = jax.lax.dynamic_update_index_in_dim(xs, x, i, axis=1)
     if qs is not None:
       qs = jax.lax.dynamic_update_index_in_dim(qs, q, i, axis=1)
-    return i + 1, xs, qs, cache
+    if threshold is not None:  # decided from q_{i+1} alone, before looking at x_{i+1}
+      going = going & (_confidence(logits[:, 0], q) >= threshold)
+      count = jnp.where(going, i + 1, count)
+    return i + 1, xs, qs, cache, going, count
 
-  _, xs, qs, cache = jax.lax.while_loop(
-      lambda c: c[0] < num_steps, body, (jnp.int32(1), xs, qs, cache))
-  return xs, qs, cache
+  def cond(c):
+    i, going = c[0], c[4]
+    more = i < num_steps
+    if threshold is not None:
+      more &= jnp.any(going & (i < limit))
+    return more
+
+  steps, xs, qs, cache, _, count = jax.lax.while_loop(
+      cond, body, (jnp.int32(1), xs, qs, cache, going, count))
+  if threshold is None:
+    count = jnp.full(x1.shape, num_steps, jnp.int32)
+  return xs, qs, cache, steps, count
+
+
+def _running_alpha_gamma(hits, tests, gamma: int, cost_ratio: float):
+  """[b] running acceptance counts -> [b] int32 gamma in 1..gamma maximising theory's gain."""
+  alpha = jnp.clip(hits / jnp.maximum(tests, 1e-6), 0.0, 0.999)[:, None]  # [b, 1]
+  g = jnp.arange(1, gamma + 1, dtype=jnp.float32)[None, :]  # [1, gamma]
+  gain = (1.0 - alpha ** (g + 1)) / ((1.0 - alpha) * (g * cost_ratio + 1.0))
+  return (jnp.argmax(gain, axis=1) + 1).astype(jnp.int32)
 
 
 def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, draft_cache, rng,
                        *, batch: int, max_len: int, gamma: int, cfg: sampling.SamplingConfig,
-                       eos_id: int, lenience: float = 1.0, verifier: str = 'token'):
+                       eos_id: int, lenience: float = 1.0, verifier: str = 'token',
+                       policy: GammaPolicy = GammaPolicy()):
   """Algorithm 1 inside one `lax.while_loop`. Returns (tokens [b, max_len], stats).
 
   `verifier`: 'token' (the paper's token-wise rule) or 'block' (Sun et al., 2025); both
-  exact. Lenience applies to the token-wise rule only.
+  exact. Lenience applies to the token-wise rule only. `policy`: how many of the (at most)
+  gamma drafts each row makes per step (GammaPolicy); gamma is the static maximum.
   """
   state = _init_state(batch, max_len, gamma + 1, rng, target_cache, draft_cache, gamma)
 
@@ -185,9 +261,15 @@ def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, dr
     active = ~s.done
     # Near the length limit fewer tokens are drafted: a row with r tokens left drafts r - 1.
     room = jnp.where(active, max_len - s.length - 1, 0)  # [b]
+    if policy.kind == 'running_alpha':
+      room = jnp.minimum(room, _running_alpha_gamma(s.alpha_hits, s.alpha_tests, gamma,
+                                                    policy.cost_ratio))
     num_steps = jnp.clip(jnp.max(room), 0, gamma)
-    num_drafted = jnp.minimum(room, num_steps)
-    xs, qs, draft_cache = _draft_block(draft_fn, s, keys, num_steps, gamma, cfg)
+    limit = jnp.minimum(room, num_steps)  # [b]
+    threshold = policy.threshold if policy.kind == 'confidence' else None
+    xs, qs, draft_cache, steps, count = _draft_block(draft_fn, s, keys, num_steps, limit,
+                                                     gamma, cfg, threshold)
+    num_drafted = jnp.minimum(limit, count)
 
     last = _row_window(s.seq, s.length + 1, 1)  # [b, 1]
     logits, target_cache = target_fn(s.target_cache, jnp.concatenate([last, xs], 1), s.length)
@@ -211,11 +293,16 @@ def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, dr
     act = active.astype(jnp.int32)
     s = s.replace(
         rng=rng, target_cache=target_cache, draft_cache=draft_cache,
-        draft_behind=(n_acc == num_steps) & (num_steps > 0),
+        draft_behind=(n_acc == steps) & (num_steps > 0),
         target_calls=s.target_calls + act, drafted=s.drafted + num_drafted * act,
         accepted=s.accepted + n_acc * act,
         histogram=s.histogram + jnp.sum(jax.nn.one_hot(n_acc, gamma + 1, dtype=jnp.int32)
-                                        * act[:, None], axis=0))
+                                        * act[:, None], axis=0),
+        draft_histogram=s.draft_histogram + jnp.sum(
+            jax.nn.one_hot(num_drafted, gamma + 1, dtype=jnp.int32) * act[:, None], axis=0),
+        alpha_hits=jnp.where(active, policy.decay * s.alpha_hits + n_acc, s.alpha_hits),
+        alpha_tests=jnp.where(active, policy.decay * s.alpha_tests + jnp.minimum(
+            n_acc + 1, num_drafted), s.alpha_tests))
     return _emit(s, candidates, n_acc + 1, max_len, eos_id)
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)

@@ -14,7 +14,7 @@ distributions (standardised like the target's), so speculative sampling stays ex
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Optional
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -162,3 +162,99 @@ def load_ngram(path: str):
   if params['logits'].ndim == 1:
     return UnigramDraft(vocab), params
   return BigramDraft(vocab), params
+
+
+class CopyDraft(nn.Module):
+  """Prompt-lookup draft: copies the continuation of the decoded suffix's last match.
+
+  The cache keeps the encoder input tokens and the decoder inputs seen so far (`extend`
+  receives every decoder token at its position). For each query position, the longest
+  suffix of n = max_ngram..1 decoder tokens that also occurs earlier, in the encoder input
+  or in the decoded prefix, proposes the token that followed its most recent occurrence
+  (decoded matches count as later than encoder ones): q is one-hot on it (logits 0 / -1e9,
+  still one-hot after any temperature / top-k / top-p). Without a match the `fallback`
+  draft's logits are used (its cache advances on every call), or uniform logits when it is
+  None. q is exactly the distribution the loop samples from, so verification stays exact.
+
+  Params: {'fallback': the fallback's params} (empty without a fallback).
+  """
+  vocab_size: int
+  max_ngram: int = 3
+  fallback: Optional[nn.Module] = None
+
+  def encode(self, encoder_input_tokens):
+    if self.fallback is None:
+      return jnp.zeros(encoder_input_tokens.shape[:1] + (1,), jnp.float32)
+    return self.fallback.encode(encoder_input_tokens)
+
+  def init_cache(self, encoded, encoder_input_tokens, max_length: int):
+    b = encoder_input_tokens.shape[0]
+    inner = {} if self.fallback is None else self.fallback.init_cache(
+        encoded, encoder_input_tokens, max_length)
+    return {'enc': jnp.asarray(encoder_input_tokens, jnp.int32),  # [b, enc_len]
+            'dec': jnp.zeros((b, max_length), jnp.int32),  # [b, max_length] input at t
+            'fallback': inner}
+
+  def __call__(self, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens=None,
+               enable_dropout: bool = False):
+    """Teacher-forced logits [b, len, V] (positions 0..len-1)."""
+    b, n = decoder_input_tokens.shape
+    encoded = self.encode(encoder_input_tokens)
+    cache = self.init_cache(encoded, encoder_input_tokens, n)
+    return self.extend(cache, decoder_input_tokens, jnp.zeros((b,), jnp.int32))[0]
+
+  def propose(self, enc, dec, pos):
+    """enc [b, L], dec [b, T] (decoder input at each position), pos [b] -> (token [b], found [b]).
+
+    Only dec[:, 1:pos + 1] (tokens after BOS up to the query position) is trusted.
+    """
+    b, L = enc.shape
+    T = dec.shape[1]
+    hay = jnp.concatenate([enc, dec], axis=1)  # [b, H]
+    H = L + T
+    h = jnp.arange(H)[None, :]  # [1, H]
+    in_enc = h < L
+    t = h - L  # decoder position of a haystack slot
+    shifted = [jnp.pad(hay, ((0, 0), (0, k)))[:, k:k + H] for k in range(self.max_ngram + 1)]
+    token = jnp.zeros((b,), jnp.int32)
+    found = jnp.zeros((b,), bool)
+    for n in range(1, self.max_ngram + 1):  # longer matches overwrite shorter ones
+      # suffix dec[pos - n + 1 .. pos], all after BOS
+      idx = pos[:, None] - n + 1 + jnp.arange(n)[None, :]  # [b, n]
+      suffix = jnp.take_along_axis(dec, jnp.clip(idx, 0, T - 1), axis=1)
+      suffix_ok = pos - n + 1 >= 1  # [b]
+      match = jnp.ones((b, H), bool)
+      for k in range(n):
+        match &= shifted[k] == suffix[:, k:k + 1]
+      cont = shifted[n]  # [b, H]
+      enc_ok = in_enc & (h + n < L)
+      for k in range(n + 1):
+        enc_ok &= shifted[k] != 0  # no padding inside the window or as the continuation
+      dec_ok = ~in_enc & (t >= 1) & (t + n <= pos[:, None])  # continuation already known
+      match &= (enc_ok | dec_ok) & suffix_ok[:, None]
+      last = H - 1 - jnp.argmax(match[:, ::-1], axis=1)  # most recent match
+      has = jnp.any(match, axis=1)
+      token = jnp.where(has, jnp.take_along_axis(cont, last[:, None], axis=1)[:, 0], token)
+      found |= has
+    return token, found
+
+  def extend(self, cache, tokens, positions):
+    """tokens [b, k] at positions [b].. -> (logits [b, k, V], cache)."""
+    b, k = tokens.shape
+    dec = cache['dec']
+    T = dec.shape[1]
+    pos = positions[:, None] + jnp.arange(k)[None, :]  # [b, k]
+    write = jnp.where((pos >= 0) & (pos < T), pos, T)  # out of range -> dropped
+    dec = dec.at[jnp.arange(b)[:, None], write].set(tokens, mode='drop')
+    if self.fallback is None:
+      base = jnp.zeros((b, k, self.vocab_size), jnp.float32)
+      inner = cache['fallback']
+    else:
+      base, inner = self.fallback.extend(cache['fallback'], tokens, positions)
+      base = base.astype(jnp.float32)
+    outs = []
+    for i in range(k):
+      tok, found = self.propose(cache['enc'], dec, jnp.clip(pos[:, i], 0, T - 1))
+      one_hot = jnp.where(jnp.arange(self.vocab_size)[None, :] == tok[:, None], 0.0, -1e9)
+      outs.append(jnp.where(found[:, None], one_hot, base[:, i]))
+    return jnp.stack(outs, axis=1), {'enc': cache['enc'], 'dec': dec, 'fallback': inner}
