@@ -1,0 +1,190 @@
+"""Ours vs Hugging Face on the demo weights: AR, assisted / speculative, greedy and sampling.
+
+  flock /tmp/specdec_bench.lock python scripts/bench_peers.py --num_examples 20
+
+The demo target and draft (checkpoints/demo) are converted to HF
+`T5ForConditionalGeneration` (PyTorch CPU, torch.set_num_threads(--threads)); first the
+converted target's logits are checked against ours on one input. Then, on the same
+--task inputs at batch size 1, it times interleaved in one process (median of --repeats):
+HF `generate` greedy and sampling (t=1, no top-k/p), HF assisted generation
+(`assistant_model=`, --gamma draft tokens per call, constant schedule) greedy and
+sampling, and ours (specdec_t5x.generate) AR and speculative at the same gamma.
+Reports tokens/s, speedups, tokens per target call (HF: target forward calls counted by
+a forward hook) and how many greedy outputs agree across systems.
+Writes results/peers.json and results/peers.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import numpy as np
+import torch
+import transformers
+
+from specdec_t5x import benchmarking, evaluation, sampling
+from specdec_t5x.checkpoints import hf_state_dict_from_params
+
+
+def to_hf(config, params) -> transformers.T5ForConditionalGeneration:
+  """Our tied-and-scaled (logits_via_embedding) T5 as a HF model with the same weights."""
+  if not config.logits_via_embedding:
+    raise ValueError('Only tied-embedding models are converted here (the demo family).')
+  gated = len(config.mlp_activations) == 2
+  hf_config = transformers.T5Config(
+      vocab_size=config.vocab_size, d_model=config.emb_dim, d_kv=config.head_dim,
+      d_ff=config.mlp_dim, num_layers=config.num_encoder_layers,
+      num_decoder_layers=config.num_decoder_layers, num_heads=config.num_heads,
+      feed_forward_proj='gated-gelu' if gated else 'relu', dropout_rate=0.0,
+      relative_attention_num_buckets=32, relative_attention_max_distance=128,
+      layer_norm_epsilon=1e-6, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+      tie_word_embeddings=True, scale_decoder_outputs=True)
+  model = transformers.T5ForConditionalGeneration(hf_config).eval()
+  state = {k: torch.from_numpy(np.array(v, np.float32))
+           for k, v in hf_state_dict_from_params(params, config).items()}
+  model.load_state_dict(state, strict=True)
+  return model
+
+
+def logits_check(module, params, hf, enc: np.ndarray, dec: np.ndarray) -> float:
+  """Max |ours - HF| / max |HF| of teacher-forced logits on one example."""
+  dec_in = np.concatenate([[0], dec[:-1]])[None].astype(np.int32)
+  ours = np.asarray(module.apply({'params': params}, enc[None], dec_in))
+  with torch.no_grad():
+    theirs = hf(input_ids=torch.from_numpy(enc[None].astype(np.int64)),
+                decoder_input_ids=torch.from_numpy(dec_in.astype(np.int64))).logits.numpy()
+  return float(np.abs(ours - theirs).max() / np.abs(theirs).max())
+
+
+class HFRunner:
+  """HF generate over the inputs one at a time; counts target forward calls."""
+
+  def __init__(self, hf, inputs, max_len, sample, assistant=None, seed=0):
+    self.hf, self.inputs, self.max_len, self.sample = hf, inputs, max_len, sample
+    self.assistant, self.seed, self.calls, self.tokens = assistant, seed, 0, None
+    hf.register_forward_hook(self._hook)
+    self._counting = False
+
+  def _hook(self, *unused):
+    if self._counting:
+      self.calls += 1
+
+  def __call__(self):
+    self.calls, self.tokens, self._counting = 0, [], True
+    kw = dict(max_new_tokens=self.max_len, num_beams=1, decoder_start_token_id=0,
+              eos_token_id=1, pad_token_id=0, do_sample=self.sample)
+    if self.sample:
+      kw.update(temperature=1.0, top_k=0, top_p=1.0)
+    if self.assistant is not None:
+      kw['assistant_model'] = self.assistant
+    with torch.no_grad():
+      for i, ids in enumerate(self.inputs):
+        torch.manual_seed(self.seed + i)
+        # A lazily sized cache: transformers 5 sizes a config-built cache by num_layers (the
+        # encoder's), which breaks our decoder-heavy target (3 encoder, 4 decoder layers).
+        cache = transformers.EncoderDecoderCache(transformers.DynamicCache(),
+                                                 transformers.DynamicCache())
+        out = self.hf.generate(torch.from_numpy(ids[None].astype(np.int64)),
+                               past_key_values=cache, **kw)[0, 1:]
+        out = out.numpy().astype(np.int32)
+        stop = np.flatnonzero(out == 1)
+        self.tokens.append(out[:stop[0] + 1] if stop.size else out[out != 0])
+    self._counting = False
+    return self.tokens
+
+
+def main(argv=None):
+  argv = list(sys.argv[1:] if argv is None else argv)
+  ap = argparse.ArgumentParser(description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument('--target', default='demo_target')
+  ap.add_argument('--draft', default='demo_draft_m')
+  ap.add_argument('--task', default='ende')
+  ap.add_argument('--num_examples', type=int, default=20)
+  ap.add_argument('--max_len', type=int, default=64)
+  ap.add_argument('--gamma', type=int, default=3)
+  ap.add_argument('--repeats', type=int, default=3)
+  ap.add_argument('--threads', type=int, default=2)
+  ap.add_argument('--out', default='results/peers')
+  args = ap.parse_args(argv)
+  torch.set_num_threads(args.threads)
+
+  target, draft = evaluation.load_model(args.target), evaluation.load_model(args.draft)
+  hf_t, hf_d = to_hf(target[0].config, target[1]), to_hf(draft[0].config, draft[1])
+  for assistant in (hf_d,):
+    assistant.generation_config.num_assistant_tokens = args.gamma
+    assistant.generation_config.num_assistant_tokens_schedule = 'constant'
+    assistant.generation_config.assistant_confidence_threshold = 0.0  # always gamma drafts
+  examples = evaluation.load_examples(args.task, args.num_examples)
+  inputs = [e.inputs for e in examples]
+  enc = evaluation.pad_batch(inputs, evaluation.bucket(max(map(len, inputs)), 32))
+  check = {name: logits_check(m[0], m[1], hf, inputs[0], examples[0].targets)
+           for name, m, hf in (('target', target, hf_t), ('draft', draft, hf_d))}
+  print('relative max |logit difference| ours vs HF:', check, file=sys.stderr)
+  if max(check.values()) > 1e-3:
+    raise SystemExit(f'Converted HF models disagree with ours: {check}')
+
+  greedy, sample = sampling.SamplingConfig(0.0), sampling.SamplingConfig(1.0)
+  fns = {
+      'hf_greedy': HFRunner(hf_t, inputs, args.max_len, False),
+      'hf_assisted_greedy': HFRunner(hf_t, inputs, args.max_len, False, hf_d),
+      'ours_ar_greedy': evaluation.Decoder(target, None, enc, args.max_len, 1, greedy),
+      'ours_spec_greedy': evaluation.Decoder(target, draft, enc, args.max_len, args.gamma,
+                                             greedy),
+      'hf_sample': HFRunner(hf_t, inputs, args.max_len, True),
+      'hf_assisted_sample': HFRunner(hf_t, inputs, args.max_len, True, hf_d),
+      'ours_ar_sample': evaluation.Decoder(target, None, enc, args.max_len, 1, sample),
+      'ours_spec_sample': evaluation.Decoder(target, draft, enc, args.max_len, args.gamma,
+                                             sample),
+  }
+  # Each HF runner hooks hf_t; only the running one counts (its _counting flag).
+  times = benchmarking.median_times(fns, args.repeats)
+  med = {k: statistics.median(v) for k, v in times.items()}
+  systems = {}
+  for name, fn in fns.items():
+    tokens = fn.tokens
+    n = int(sum(len(t) for t in tokens))
+    calls = fn.calls if isinstance(fn, HFRunner) else int(fn.stats['target_calls'].sum())
+    systems[name] = {'tokens': n, 'seconds_median': med[name], 'tokens_per_s': n / med[name],
+                     'target_calls': calls, 'tokens_per_target_call': n / calls}
+  for mode in ('greedy', 'sample'):
+    for name in fns:
+      if name.endswith(mode):
+        base = systems[f'hf_{mode}']['tokens_per_s']
+        systems[name]['speed_vs_hf_' + mode] = systems[name]['tokens_per_s'] / base
+        systems[name]['speed_vs_ours_ar'] = (systems[name]['tokens_per_s'] /
+                                             systems[f'ours_ar_{mode}']['tokens_per_s'])
+  ref = fns['ours_ar_greedy'].tokens
+  agree = {name: int(sum(np.array_equal(a, b) for a, b in zip(ref, fns[name].tokens)))
+           for name in fns if name.endswith('greedy')}
+  result = {'command': 'python scripts/bench_peers.py ' + ' '.join(argv),
+            'environment': dict(benchmarking.environment(), torch=torch.__version__,
+                                transformers=transformers.__version__,
+                                torch_threads=torch.get_num_threads()),
+            'args': vars(args), 'logits_relative_max_diff': check, 'systems': systems,
+            'greedy_agreement_with_ours_ar': agree, 'num_examples': len(inputs),
+            'raw_times_s': times}
+  benchmarking.write_json(args.out + '.json', result)
+  lines = ['# Ours vs Hugging Face on the demo weights (CPU, batch 1)', '',
+           f"Command: `{result['command']}`", '', f"Environment: {result['environment']}", '',
+           f"Target {args.target}, draft {args.draft}, task {args.task}, {len(inputs)} inputs, "
+           f"at most {args.max_len} tokens, gamma {args.gamma} (HF assisted: constant "
+           f"num_assistant_tokens={args.gamma}). Converted HF logits vs ours: relative max "
+           f"difference {max(check.values()):.1e}.", '',
+           '| system | tokens | tokens/s | vs HF same mode | vs ours AR | tokens/target call |',
+           '|---|---|---|---|---|---|']
+  for name, s in systems.items():
+    vs_hf = s.get('speed_vs_hf_greedy', s.get('speed_vs_hf_sample'))
+    lines.append(f"| {name} | {s['tokens']} | {s['tokens_per_s']:.1f} | {vs_hf:.2f}x | "
+                 f"{s['speed_vs_ours_ar']:.2f}x | {s['tokens_per_target_call']:.2f} |")
+  lines += ['', f'Greedy outputs identical to ours AR (of {len(inputs)}): ' +
+            ', '.join(f'{k} {v}' for k, v in agree.items())]
+  benchmarking.write_text(args.out + '.md', '\n'.join(lines) + '\n')
+  print('\n'.join(lines))
+  return result
+
+
+if __name__ == '__main__':
+  main()

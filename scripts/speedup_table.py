@@ -1,0 +1,179 @@
+"""Walltime speedup vs gamma at batch size 1 (paper Table 2), with theory and efficiency.
+
+  # The demo family: tasks x drafts x temperatures, gamma swept (CPU-sized):
+  flock /tmp/specdec_bench.lock python scripts/speedup_table.py --num_examples 16 \
+      --gammas 1,2,3,4,6
+  # A paper row, its run file unchanged (gamma swept as --gin.GAMMA would set it):
+  python scripts/speedup_table.py --gin_file=configs/spec_t5_small_xxl.gin \
+      --gin.TARGET_CHECKPOINT="'/ckpt/xxl/checkpoint_1000000'" \
+      --gin.DRAFT_CHECKPOINT="'/ckpt/small/checkpoint_1000000'" --gammas 3,5,7
+
+For each (task, draft, temperature) it times, in one process after compilation and
+interleaved (benchmarking.median_times), autoregressive decoding and speculative decoding
+at each gamma over --num_examples inputs, one at a time; measures the call costs t_target,
+t_draft (c = t_draft / t_target) and t_verify(gamma+1) with benchmarking.call_cost; and
+reports alpha, the measured speedup, theory's prediction (i.i.d. alpha fitted to tokens
+per call), the ideal speedup tokens_per_call * t_target / (gamma t_draft + t_verify),
+efficiency = measured / ideal, and the gamma theory.best_gamma_measured picks.
+Writes {--out}.json, {--out}.md and {--out}_{task}.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+from tqdm import tqdm
+
+from specdec_t5x import benchmarking, evaluation, infer, sampling
+
+
+def run_demo(args, gammas):
+  target = evaluation.load_model(args.target)
+  task_names = args.tasks.split(',')
+  examples = {t: evaluation.load_examples(t, args.num_examples) for t in task_names}
+  enc_len = evaluation.bucket(max(len(e.inputs) for ex in examples.values() for e in ex), 32)
+  alpha_cells = []
+  if args.alpha_json and os.path.exists(args.alpha_json):
+    with open(args.alpha_json) as f:
+      alpha_cells = json.load(f)['cells']
+  groups = []
+  bar = tqdm(total=len(task_names) * (1 + len(args.temperatures)), desc='speedup', unit='step')
+  for task in task_names:
+    enc = evaluation.pad_batch([e.inputs for e in examples[task]], enc_len)
+    drafts = {name: evaluation.load_model(name, task) for name in args.drafts.split(',')}
+    cost = evaluation.costs(target, drafts, enc, gammas)
+    bar.update(1)
+    for temp in args.temperatures:
+      cfg = sampling.SamplingConfig(temp)
+      alphas = {c['draft']: c['alpha'] for c in alpha_cells
+                if c['task'] == task and c['temperature'] == temp}
+      res = evaluation.sweep(target, drafts, enc, args.max_len, gammas, cfg, cost,
+                             args.repeats, args.seed, alphas=alphas)
+      groups.append({'task': task, 'temperature': temp, 'costs_s': cost, **res})
+      bar.update(1)
+  bar.close()
+  return groups
+
+
+def run_gin(args, gammas):
+  run = evaluation.from_gin(args.gin_file, args.gin_bindings, args.num_examples)
+  if run['draft'] is None:
+    raise ValueError('The gin file configures no draft (DRAFT_CONFIG=None); nothing to sweep.')
+  name = run['model'].draft_checkpoint or type(run['draft'][0]).__name__
+  drafts = {str(name).rstrip('/').split('/')[-2] if '/' in str(name) else str(name): run['draft']}
+  gammas = gammas or [run['model'].gamma]
+  bar = tqdm(total=2, desc='speedup', unit='step')
+  cost = evaluation.costs(run['target'], drafts, run['enc'], gammas)
+  bar.update(1)
+  res = evaluation.sweep(run['target'], drafts, run['enc'], run['max_len'], gammas, run['cfg'],
+                         cost, args.repeats, args.seed, run['eos_id'])
+  bar.update(1)
+  bar.close()
+  return [{'task': run['task'], 'temperature': run['cfg'].temperature, 'costs_s': cost, **res}]
+
+
+def render(result) -> str:
+  lines = [f"# Speedup vs gamma ({result['environment']['device_kind']}, batch 1)", '',
+           f"Command: `{result['command']}`", '', f"Environment: {result['environment']}", '',
+           'Speed = median AR time / median speculative time over the same inputs, timed '
+           'interleaved after compilation. alpha = i.i.d. fit to measured tokens per call '
+           '(accepted/drafted in brackets). Theory = E[tokens](alpha_tf) * t_target / '
+           '(gamma t_draft + t_verify), alpha_tf = the teacher-forced alpha of '
+           'results/alpha_demo.json (the fit when absent). Ideal = measured tokens/call * t_target / (gamma '
+           't_draft + t_verify); efficiency = Speed / Ideal. Chosen = '
+           'theory.best_gamma_measured(alpha, costs) over the swept range.', '',
+           '| Task | Draft | Temp | gamma | alpha | Speed | Theory | Ideal | Efficiency | '
+           'tokens/call | c | chosen |', '|---|---|---|---|---|---|---|---|---|---|---|---|']
+  for grp in result['groups']:
+    for name, d in grp['drafts'].items():
+      for r in d['rows']:
+        mark = '<-' if r['gamma'] == d['chosen_measured_gamma'] else ''
+        lines.append(
+            f"| {grp['task']} | {name} | {grp['temperature']:g} | {r['gamma']} | "
+            f"{r['alpha_iid_fit']:.2f} ({r['alpha_empirical']:.2f}) | "
+            f"{r['speedup_measured']:.2f}x | {r['speedup_theory']:.2f}x | "
+            f"{r['speedup_ideal']:.2f}x | {r['efficiency']:.2f} | "
+            f"{r['tokens_per_target_call']:.2f} | {d['c']:.3f} | {mark} |")
+  lines += ['', '| Task | Draft | Temp | alpha for theory | chosen gamma | best measured gamma | speed at chosen '
+            '| best speed | within 10% |', '|---|---|---|---|---|---|---|---|---|']
+  for grp in result['groups']:
+    for name, d in grp['drafts'].items():
+      lines.append(f"| {grp['task']} | {name} | {grp['temperature']:g} | "
+                   f"{d['alpha_for_choice']:.2f} ({d['alpha_source']}) | {d['chosen_gamma']} "
+                   f"(nearest swept {d['chosen_measured_gamma']}) | {d['best_measured_gamma']} "
+                   f"| {d['chosen_measured_speedup']:.2f}x | {d['best_measured_speedup']:.2f}x | "
+                   f"{'yes' if d['chosen_within_10pct_of_best'] else 'no'} |")
+  return '\n'.join(lines) + '\n'
+
+
+def plot(result, out: str):
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  paths = []
+  for task in dict.fromkeys(g['task'] for g in result['groups']):
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors = iter(plt.rcParams['axes.prop_cycle'].by_key()['color'] * 4)
+    for grp in [g for g in result['groups'] if g['task'] == task]:
+      for name, d in grp['drafts'].items():
+        color, label = next(colors), f"{name} t={grp['temperature']:g}"
+        gs = [r['gamma'] for r in d['rows']]
+        ax.plot(gs, [r['speedup_measured'] for r in d['rows']], 'o-', color=color,
+                label=label)
+        curve = sorted((int(k), v) for k, v in d['theory_curve'].items())
+        ax.plot([k for k, _ in curve], [v for _, v in curve], '--', color=color, alpha=0.6)
+        chosen = d['chosen_measured_gamma']
+        ax.plot([chosen], [d['chosen_measured_speedup']], '*', color=color, markersize=16)
+    ax.axhline(1.0, color='gray', lw=0.8)
+    ax.set_xlabel('gamma')
+    ax.set_ylabel('walltime speedup over AR')
+    ax.set_title(f'{task}: measured (solid), theory (dashed), chosen gamma (star)')
+    ax.legend(fontsize=8)
+    path = f'{out}_{task}.png'
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    paths.append(path)
+  return paths
+
+
+def main(argv=None):
+  argv = list(sys.argv[1:] if argv is None else argv)
+  ap = argparse.ArgumentParser(description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument('--gin_file', action='append', default=[])
+  ap.add_argument('--gin_bindings', action='append', default=[])
+  ap.add_argument('--target', default='demo_target')
+  ap.add_argument('--drafts', default='demo_draft_m,demo_draft_s,bigram')
+  ap.add_argument('--tasks', default='ende,summarize')
+  ap.add_argument('--temperatures', default='0,1', type=lambda s: [float(x) for x in s.split(',')])
+  ap.add_argument('--gammas', default=None, help='comma-separated; default 1..7 (gin: GAMMA)')
+  ap.add_argument('--num_examples', type=int, default=20)
+  ap.add_argument('--max_len', type=int, default=64)
+  ap.add_argument('--repeats', type=int, default=3)
+  ap.add_argument('--seed', type=int, default=0)
+  ap.add_argument('--alpha_json', default='results/alpha_demo.json',
+                  help='measure_alpha output; its alpha drives theory (else: fit)')
+  ap.add_argument('--out', default='results/speedup_demo')
+  args = ap.parse_args(infer._rewrite_gin_args(argv))  # pylint: disable=protected-access
+  gammas = [int(g) for g in args.gammas.split(',')] if args.gammas else None
+  if args.gin_file:
+    groups = run_gin(args, gammas)
+  else:
+    groups = run_demo(args, gammas or list(range(1, 8)))
+  result = {'command': 'python scripts/speedup_table.py ' + ' '.join(argv),
+            'environment': benchmarking.environment(), 'args': vars(args), 'groups': groups}
+  benchmarking.write_json(args.out + '.json', result)
+  text = render(result)
+  benchmarking.write_text(args.out + '.md', text)
+  result['plots'] = plot(result, args.out)
+  print(text)
+  return result
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,378 @@
+"""Helpers for the evaluation scripts (measure_alpha, speedup_table, bench_peers).
+
+Loads the demo family and its test data, measures alpha the paper's way (teacher-forced
+E[sum_x min(p, q)] on target-generated tokens, both distributions standardised alike),
+and times autoregressive vs speculative decoding at batch size 1 (shared/DESIGN.md,
+"Measuring"). Shapes use bracket comments; `V` is the vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import statistics
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_t5x import api, benchmarking, checkpoints, drafts, network, sampling, theory
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEMO_DIR = os.path.join(REPO_ROOT, 'checkpoints', 'demo')
+DEMO_DATA = os.path.join(REPO_ROOT, 'data', 'demo')
+DEMO_VOCAB = os.path.join(REPO_ROOT, 'data', 'vocab', 'demo_spm.model')
+PREFIXES = {'ende': 'translate English to German: ', 'summarize': 'summarize: '}
+NGRAMS = ('unigram', 'bigram')
+ModelAndParams = Tuple[Any, Any]
+
+
+# ------------------------------------------------------------------ loading
+
+
+def demo_config(name: str, root: str = DEMO_DIR) -> network.T5Config:
+  """T5Config of a demo model from its config.json, as float32 with no dropout."""
+  with open(os.path.join(root, name, 'config.json')) as f:
+    fields = json.load(f)
+  fields = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
+  return network.T5Config(**dict(fields, dtype='float32', dropout_rate=0.0))
+
+
+def demo_checkpoint(name: str, root: str = DEMO_DIR) -> str:
+  """The highest-step checkpoint_* directory of a demo model."""
+  dirs = glob.glob(os.path.join(root, name, 'checkpoint_*'))
+  if not dirs:
+    raise FileNotFoundError(f'No checkpoint_* directory under {os.path.join(root, name)}.')
+  return max(dirs, key=lambda d: int(d.rsplit('_', 1)[1]))
+
+
+def load_model(name: str, task: str = 'ende', root: str = DEMO_DIR) -> ModelAndParams:
+  """(module, params) of a demo model, or of the task's n-gram draft ('unigram'/'bigram')."""
+  if name in NGRAMS:
+    return drafts.load_ngram(os.path.join(root, f'{name}_{task}.npz'))
+  config = demo_config(name, root)
+  params = checkpoints.load_params(demo_checkpoint(name, root), dtype=jnp.float32,
+                                   config=config)
+  return network.Transformer(config), jax.tree_util.tree_map(jnp.asarray, params)
+
+
+@dataclasses.dataclass
+class Example:
+  inputs: np.ndarray  # [enc_len] int32, EOS-terminated
+  targets: np.ndarray  # [dec_len] int32, EOS-terminated
+  text: str
+  reference: str
+
+
+def load_examples(task: str, num: Optional[int] = None, vocab_path: str = DEMO_VOCAB,
+                  data_dir: str = DEMO_DATA, max_input_len: int = 128,
+                  eos_id: int = 1) -> List[Example]:
+  """The first `num` rows of data/demo/{task}_test.tsv, prefixed and tokenised (+EOS)."""
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  sp = spm.SentencePieceProcessor(model_file=vocab_path)
+  out = []
+  with open(os.path.join(data_dir, f'{task}_test.tsv'), encoding='utf-8') as f:
+    for line in f:
+      if num is not None and len(out) >= num:
+        break
+      if not line.strip():
+        continue
+      src, tgt = line.rstrip('\n').split('\t')[:2]
+      ids = sp.encode(PREFIXES[task] + src)[:max_input_len - 1] + [eos_id]
+      out.append(Example(np.asarray(ids, np.int32), np.asarray(sp.encode(tgt) + [eos_id],
+                                                               np.int32), src, tgt))
+  return out
+
+
+def pad_batch(rows: Sequence[np.ndarray], length: Optional[int] = None) -> np.ndarray:
+  """Rows of token ids -> [len(rows), length] int32, zero-padded (length: the longest)."""
+  length = length or max(len(r) for r in rows)
+  out = np.zeros((len(rows), length), np.int32)
+  for i, r in enumerate(rows):
+    out[i, :min(len(r), length)] = r[:length]
+  return out
+
+
+def bucket(n: int, multiple: int = 16) -> int:
+  return -(-n // multiple) * multiple
+
+
+# ------------------------------------------------------------------ alpha
+
+
+def target_outputs(target: ModelAndParams, enc: np.ndarray, cfg: sampling.SamplingConfig,
+                   max_len: int, seed: int = 0, eos_id: int = 1,
+                   batch: int = 16) -> List[np.ndarray]:
+  """Target-only (autoregressive) decodes of enc [N, L], each cut after its EOS."""
+  outs = []
+  for start in range(0, len(enc), batch):
+    chunk = pad_batch(enc[start:start + batch], enc.shape[1])
+    n = len(enc[start:start + batch])
+    chunk = np.concatenate([chunk, np.repeat(chunk[:1], batch - n, 0)]) if n < batch else chunk
+    out = api.generate(target, chunk, temperature=cfg.temperature, topk=cfg.topk,
+                       topp=cfg.topp, max_decode_length=max_len,
+                       rng=jax.random.PRNGKey(seed + start), eos_id=eos_id)
+    lengths = np.asarray(out.stats['generated_tokens'])
+    tokens = np.asarray(out.tokens)
+    outs += [tokens[i, :lengths[i]] for i in range(n)]
+  return outs
+
+
+def _logits(module, params, enc, dec_targets):
+  dec_in = jnp.pad(dec_targets[:, :-1], ((0, 0), (1, 0)))  # shift right, BOS = 0
+  return module.apply({'params': params}, enc, dec_in)
+
+
+_LOGITS = jax.jit(_logits, static_argnums=0)
+
+
+def _beta(p_logits, q_logits, cfg: sampling.SamplingConfig):
+  """beta = sum_x min(p, q) of the standardised distributions, [..., V] -> [...]."""
+  return jnp.sum(jnp.minimum(sampling.standardize(p_logits, cfg),
+                             sampling.standardize(q_logits, cfg)), axis=-1)
+
+
+_BETA = jax.jit(_beta, static_argnums=2)
+
+
+def betas(target: ModelAndParams, draft: ModelAndParams, enc: np.ndarray,
+          outputs: Sequence[np.ndarray], cfg: sampling.SamplingConfig,
+          batch: int = 16) -> np.ndarray:
+  """Per-token beta_t = sum_x min(p_t, q_t) on teacher-forced target outputs, flattened.
+
+  Distributions are `sampling.standardize`d with `cfg` (temperature; top-k/p if set).
+  """
+  dec_len = bucket(max(len(o) for o in outputs))
+  found = []
+  for start in range(0, len(outputs), batch):
+    rows = list(outputs[start:start + batch])
+    n = len(rows)
+    rows += [rows[0]] * (batch - n)
+    e = pad_batch(list(enc[start:start + n]) + [enc[start]] * (batch - n), enc.shape[1])
+    d = jnp.asarray(pad_batch(rows, dec_len))
+    p = _LOGITS(target[0], target[1], jnp.asarray(e), d)
+    q = _LOGITS(draft[0], draft[1], jnp.asarray(e), d)
+    b = np.asarray(_BETA(p, q, cfg))
+    found += [b[i, :len(rows[i])] for i in range(n)]
+  return np.concatenate(found)
+
+
+def alpha_per_position(histogram: Sequence[int]) -> List[Optional[float]]:
+  """alpha_i = P(draft i accepted | drafts 1..i-1 accepted), i = 1..gamma, from the counts
+  of steps that accepted 0..gamma drafts (None where no step reached position i)."""
+  h = np.asarray(histogram, np.float64)
+  out = []
+  for i in range(1, len(h)):
+    reached = h[i - 1:].sum()
+    out.append(float(h[i:].sum() / reached) if reached else None)
+  return out
+
+
+def alpha_from_tokens_per_call(tokens_per_call: float, gamma: int) -> float:
+  """The i.i.d. alpha whose E[tokens per step] (1-a^(g+1))/(1-a) equals the measured one."""
+  lo, hi = 0.0, 1.0
+  target = min(max(tokens_per_call, 1.0), gamma + 1.0)
+  for _ in range(60):
+    mid = (lo + hi) / 2
+    if theory.expected_tokens_per_step(mid, gamma) < target:
+      lo = mid
+    else:
+      hi = mid
+  return (lo + hi) / 2
+
+
+# ------------------------------------------------------------------ speed
+
+
+@dataclasses.dataclass
+class Decoder:
+  """A batch-1 decode over a list of encoder rows, remembering the last run's stats."""
+  target: ModelAndParams
+  draft: Optional[ModelAndParams]
+  enc: np.ndarray  # [N, L]
+  max_len: int
+  gamma: int = 1
+  cfg: sampling.SamplingConfig = sampling.SamplingConfig()
+  seed: int = 0
+  eos_id: int = 1
+  stats: Optional[Dict[str, np.ndarray]] = None
+  tokens: Optional[List[np.ndarray]] = None
+
+  def __call__(self):
+    outs = []
+    for i in range(len(self.enc)):
+      outs.append(api.generate(
+          self.target, self.enc[i:i + 1], draft=self.draft, gamma=self.gamma,
+          temperature=self.cfg.temperature, topk=self.cfg.topk, topp=self.cfg.topp,
+          max_decode_length=self.max_len, rng=jax.random.PRNGKey(self.seed + i),
+          eos_id=self.eos_id))
+    benchmarking.block(outs)
+    self.stats = {k: np.sum([np.asarray(o.stats[k]) for o in outs], axis=0)
+                  for k in outs[0].stats}
+    self.tokens = [np.asarray(o.tokens[0, :int(o.stats['generated_tokens'][0])])
+                   for o in outs]
+    return outs
+
+
+def costs(target: ModelAndParams, drafts_: Dict[str, ModelAndParams], enc: np.ndarray,
+          gammas: Sequence[int], num_calls: int = 16, repeats: int = 5) -> Dict[str, float]:
+  """t_target_step, t_draft_step_{name} and t_verify_{g+1} (seconds per call, call_cost)."""
+  enc = jnp.asarray(enc[:1])
+  out = {'t_target_step': benchmarking.call_cost(*target, enc, 1, num_calls, repeats)}
+  for name, draft in drafts_.items():
+    out[f't_draft_step_{name}'] = benchmarking.call_cost(*draft, enc, 1, num_calls, repeats)
+  for g in gammas:
+    out[f't_verify_{g + 1}'] = benchmarking.call_cost(*target, enc, g + 1, num_calls, repeats)
+  return out
+
+
+def _rows(ar: Decoder, decs: Dict[int, Decoder], med: Dict[str, float], name: str,
+          cost: Dict[str, float], alpha: Optional[float]) -> List[Dict[str, Any]]:
+  t_t, t_d = cost['t_target_step'], cost[f't_draft_step_{name}']
+  rows = []
+  for g, dec in decs.items():
+    s = dec.stats
+    tpc = float(s['generated_tokens'].sum()) / float(s['target_calls'].sum())
+    t_v = cost[f't_verify_{g + 1}']
+    fit = alpha_from_tokens_per_call(tpc, g)
+    ideal = float(theory.ideal_speedup(min(max(tpc, 1.0), g + 1), g, t_d, t_t, t_v))
+    measured = med['ar'] / med[f'{name}_g{g}']
+    rows.append({
+        'gamma': g, 'alpha_empirical': float(s['accepted_tokens'].sum() /
+                                             max(1, s['drafted_tokens'].sum())),
+        'alpha_iid_fit': fit,
+        'alpha_per_position': alpha_per_position(s['accepted_length_histogram']),
+        'accepted_length_histogram': s['accepted_length_histogram'].tolist(),
+        'tokens_per_target_call': tpc, 'generated_tokens': float(s['generated_tokens'].sum()),
+        'speedup_measured': measured, 'speedup_ideal': ideal, 'efficiency': measured / ideal,
+        'speedup_theory': float(theory.walltime_improvement_measured(
+            fit if alpha is None else alpha, g, t_d, t_t, t_v)),
+        'same_tokens_as_ar': int(sum(np.array_equal(a, b) for a, b in
+                                     zip(ar.tokens, dec.tokens))),
+        'spec_seconds_median': med[f'{name}_g{g}']})
+  return rows
+
+
+def _choice(rows: List[Dict[str, Any]], cost: Dict[str, float], name: str,
+            alpha: Optional[float]) -> Dict[str, Any]:
+  """theory.best_gamma_measured at `alpha` (None: the median i.i.d. fit to tokens per call)
+  vs the best measured gamma."""
+  gammas = [r['gamma'] for r in rows]
+  t_t, t_d = cost['t_target_step'], cost[f't_draft_step_{name}']
+  tv = np.array([cost[f't_verify_{g + 1}'] for g in gammas])
+  verify = lambda g: float(np.interp(g, gammas, tv))  # linear between measured gammas
+  if alpha is None:
+    alpha = float(np.median([r['alpha_iid_fit'] for r in rows]))
+  chosen = int(theory.best_gamma_measured(alpha, t_d, t_t, verify, max_gamma=max(gammas)))
+  best = max(rows, key=lambda r: r['speedup_measured'])
+  nearest = min(rows, key=lambda r: (abs(r['gamma'] - chosen), r['gamma']))
+  return {'alpha_for_choice': alpha, 'chosen_gamma': chosen, 'best_measured_gamma': best['gamma'],
+          'chosen_measured_gamma': nearest['gamma'],
+          'chosen_measured_speedup': nearest['speedup_measured'],
+          'best_measured_speedup': best['speedup_measured'],
+          'chosen_within_10pct_of_best':
+              bool(nearest['speedup_measured'] >= 0.9 * best['speedup_measured']),
+          'c': t_d / t_t,
+          'theory_curve': {g: float(theory.walltime_improvement_measured(
+              alpha, g, t_d, t_t, verify(g))) for g in range(1, max(gammas) + 1)}}
+
+
+def sweep(target: ModelAndParams, drafts_: Dict[str, ModelAndParams], enc: np.ndarray,
+          max_len: int, gammas: Sequence[int], cfg: sampling.SamplingConfig,
+          cost: Dict[str, float], repeats: int = 3, seed: int = 0, eos_id: int = 1,
+          alphas: Optional[Dict[str, float]] = None) -> Dict[str, Any]:
+  """Times AR and speculative decoding with every draft and gamma, interleaved in one loop.
+
+  `cost` holds the call costs (see `costs`). Returns, per draft, per-gamma rows: measured
+  speedup (median AR / median speculative), alpha (accepted/drafted and the i.i.d. fit to
+  tokens per call), alpha per draft position, the ideal speedup from measured tokens per
+  call and call costs, efficiency = measured / ideal, theory's prediction; and the gamma
+  theory.best_gamma_measured chooses from alpha and the call costs. `alphas[name]` (e.g.
+  the teacher-forced E[sum min(p, q)]) is used for theory when given, else the fit.
+  """
+  ar = Decoder(target, None, enc, max_len, 1, cfg, seed, eos_id)
+  decs = {name: {g: Decoder(target, d, enc, max_len, g, cfg, seed, eos_id) for g in gammas}
+          for name, d in drafts_.items()}
+  fns: Dict[str, Any] = {'ar': ar}
+  fns.update({f'{name}_g{g}': dec for name, by_g in decs.items() for g, dec in by_g.items()})
+  times = benchmarking.median_times(fns, repeats)
+  med = {k: statistics.median(v) for k, v in times.items()}
+  out = {'ar_seconds_median': med['ar'], 'ar_tokens': float(ar.stats['generated_tokens'].sum()),
+         'raw_times_s': times, 'drafts': {}}
+  for name in drafts_:
+    alpha = (alphas or {}).get(name)
+    rows = _rows(ar, decs[name], med, name, cost, alpha)
+    out['drafts'][name] = {'rows': rows, 'alpha_source': 'fit' if alpha is None else 'given',
+                           **_choice(rows, cost, name, alpha)}
+  return out
+
+
+def speculative_stats(target: ModelAndParams, draft: ModelAndParams, enc: np.ndarray,
+                      cfg: sampling.SamplingConfig, gamma: int, max_len: int, seed: int = 0,
+                      eos_id: int = 1, batch: int = 16) -> Dict[str, np.ndarray]:
+  """Summed generate() statistics of speculative decoding over the rows of enc [N, L]."""
+  total: Dict[str, np.ndarray] = {}
+  for start in range(0, len(enc), batch):
+    chunk = enc[start:start + batch]
+    out = api.generate(target, chunk, draft=draft, gamma=gamma, temperature=cfg.temperature,
+                       topk=cfg.topk, topp=cfg.topp, max_decode_length=max_len,
+                       rng=jax.random.PRNGKey(seed + start), eos_id=eos_id)
+    for k, v in out.stats.items():  # per-row counters are summed; the histogram is [g+1]
+      v = np.asarray(v)
+      total[k] = total.get(k, 0) + (v if k == 'accepted_length_histogram' else v.sum(0))
+  return total
+
+
+# ------------------------------------------------------------------ gin run files
+
+
+def from_gin(gin_files: Sequence[str], bindings: Sequence[str], num_examples: int,
+             search_paths: Sequence[str] = ('.',)) -> Dict[str, Any]:
+  """What an infer run file configures: model (module, draft, gamma, sampling), params,
+  the first `num_examples` encoder inputs [N, L], max_len and eos_id.
+
+  Parses the files as `python -m specdec_t5x.infer` does, but calls a stand-in for
+  `infer_script.infer` that returns its gin-bound arguments instead of decoding.
+  """
+  import sys  # pylint: disable=g-import-not-at-top
+  import gin  # pylint: disable=g-import-not-at-top
+  from specdec_t5x import infer, tasks  # pylint: disable=g-import-not-at-top
+
+  def infer(**kwargs):  # pylint: disable=redefined-outer-name
+    return kwargs
+
+  main_module = sys.modules['__main__']
+  previous = getattr(main_module, 'infer', None)
+  main_module.infer = infer
+  try:
+    gin.clear_config()
+    configured = gin.configurable(infer)
+    for path in [p for p in search_paths if p] + [REPO_ROOT]:
+      gin.add_config_file_search_path(path)
+    gin.parse_config_files_and_bindings(
+        list(gin_files), ["INFER_OUTPUT_DIR = '/tmp/speedup_table'"] + list(bindings),
+        finalize_config=False)
+    kw = configured()
+  finally:
+    gin.clear_config()
+    if previous is not None:
+      main_module.infer = previous
+  model, data, restore = kw['model'], kw['dataset_cfg'], kw['restore_checkpoint_cfg']
+  if kw.get('task_vocab_path'):
+    tasks.register_tasks(kw['task_vocab_path'])
+  seed = kw.get('fallback_init_rng')
+  examples = infer.load_examples(data.mixture_or_task_name, data,
+                                 allow_truncation=kw.get('allow_truncation', False),
+                                 num_examples=num_examples, shard_id=0, num_shards=1)
+  lengths = dict(data.task_feature_lengths)
+  params = model.restore_target(restore.path, restore.dtype, seed)
+  model.restore_draft(restore.dtype, seed)
+  return {'model': model, 'target': (model.target_module, params),
+          'draft': (model.draft_module, model.draft_params) if model.is_speculative else None,
+          'enc': pad_batch([e['inputs'] for e in examples], lengths['inputs']),
+          'max_len': int(model.max_decode_length or lengths['targets']),
+          'eos_id': model.eos_id, 'task': data.mixture_or_task_name,
+          'cfg': sampling.SamplingConfig(model.temperature, model.topk, model.topp)}

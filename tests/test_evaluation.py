@@ -1,0 +1,118 @@
+"""Tests of specdec_t5x/evaluation.py and the evaluation scripts (tiny models made here)."""
+
+import importlib.util
+import json
+import pathlib
+
+import gin
+import jax
+import numpy as np
+import pytest
+
+from conftest import make_model, random_inputs, tiny_config
+from specdec_t5x import evaluation, sampling, theory
+from test_infer import _flags, env  # pylint: disable=unused-import  (tiny ckpts, mock WMT)
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _script(name):
+  spec = importlib.util.spec_from_file_location(name, REPO / 'scripts' / f'{name}.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.fixture(autouse=True)
+def _unlock_gin():
+  yield
+  gin.clear_config()
+
+
+@pytest.fixture(scope='module')
+def models():
+  target = make_model(tiny_config(), seed=0, logit_scale=3.0)
+  draft = make_model(tiny_config(emb=16, layers=1), seed=1, logit_scale=3.0)
+  enc = random_inputs(5, 9, 40, seed=3, min_len=3)
+  return target, draft, enc
+
+
+@pytest.mark.parametrize('temperature', [0.0, 1.0])
+def test_alpha_of_identical_models_is_one(models, temperature):
+  target, _, enc = models
+  cfg = sampling.SamplingConfig(temperature)
+  outs = evaluation.target_outputs(target, enc, cfg, max_len=8, batch=4)
+  assert len(outs) == len(enc) and all(1 <= len(o) <= 8 for o in outs)
+  beta = evaluation.betas(target, target, enc, outs, cfg, batch=4)
+  assert beta.shape == (sum(map(len, outs)),)
+  np.testing.assert_allclose(beta, 1.0, atol=1e-5)
+
+
+def test_betas_equal_sum_min_of_standardised_distributions(models):
+  target, draft, enc = models
+  cfg = sampling.SamplingConfig(0.7, topk=5)
+  outs = evaluation.target_outputs(target, enc[:2], cfg, max_len=6)
+  beta = evaluation.betas(target, draft, enc[:2], outs, cfg)
+  # The same quantity computed by hand on the first sequence.
+  dec = evaluation.pad_batch([outs[0]])
+  dec_in = np.concatenate([np.zeros((1, 1), np.int32), dec[:, :-1]], 1)
+  p = sampling.standardize(target[0].apply({'params': target[1]}, enc[:1], dec_in), cfg)
+  q = sampling.standardize(draft[0].apply({'params': draft[1]}, enc[:1], dec_in), cfg)
+  by_hand = np.minimum(np.asarray(p), np.asarray(q)).sum(-1)[0]
+  np.testing.assert_allclose(beta[:len(outs[0])], by_hand, atol=1e-5)
+  assert 0.0 < beta.mean() < 1.0
+  np.testing.assert_allclose(theory.alpha_from_distributions(np.asarray(p)[0], np.asarray(q)[0]),
+                             by_hand.mean(), atol=1e-5)
+
+
+def test_alpha_per_position_from_histogram():
+  # 10 steps: 2 accepted none, 3 accepted one, 5 accepted both (gamma = 2).
+  assert evaluation.alpha_per_position([2, 3, 5]) == [0.8, 5 / 8]
+  assert evaluation.alpha_per_position([4, 0, 0]) == [0.0, None]
+
+
+@pytest.mark.parametrize('alpha,gamma', [(0.0, 3), (0.3, 1), (0.62, 7), (0.95, 4)])
+def test_alpha_fit_inverts_expected_tokens(alpha, gamma):
+  tokens = float(theory.expected_tokens_per_step(alpha, gamma))
+  assert evaluation.alpha_from_tokens_per_call(tokens, gamma) == pytest.approx(alpha, abs=1e-6)
+
+
+def test_speculative_stats_self_draft_accepts_everything(models):
+  target, _, enc = models
+  stats = evaluation.speculative_stats(target, target, enc, sampling.SamplingConfig(0.0), 3, 8)
+  assert stats['accepted_tokens'] == stats['drafted_tokens'] > 0
+  assert evaluation.alpha_per_position(stats['accepted_length_histogram'])[0] == 1.0
+
+
+def test_sweep_rows(models):
+  target, draft, enc = models
+  cost = evaluation.costs(target, {'d': draft, 'self': target}, enc, [1, 2], num_calls=2,
+                          repeats=1)
+  res = evaluation.sweep(target, {'d': draft, 'self': target}, enc[:2], 6, [1, 2],
+                         sampling.SamplingConfig(0.0), cost, repeats=1, alphas={'self': 1.0})
+  for name, d in res['drafts'].items():
+    assert [r['gamma'] for r in d['rows']] == [1, 2]
+    assert d['chosen_gamma'] in (1, 2) and isinstance(d['chosen_within_10pct_of_best'], bool)
+    for r in d['rows']:
+      assert r['same_tokens_as_ar'] == 2  # greedy speculative == greedy target
+      assert r['efficiency'] == pytest.approx(r['speedup_measured'] / r['speedup_ideal'])
+      assert 1.0 <= r['tokens_per_target_call'] <= r['gamma'] + 1
+  assert res['drafts']['self']['alpha_source'] == 'given'
+  assert all(r['alpha_empirical'] == 1.0 for r in res['drafts']['self']['rows'])
+
+
+def test_speedup_table_runs_a_paper_row_config(env, tmp_path):
+  """configs/spec_t5_small_xxl.gin unchanged, tiny checkpoints, mocked WMT data."""
+  out = tmp_path / 'speedup'
+  flags = [f for f in _flags(env, None, output_dir=False)]
+  result = _script('speedup_table').main(
+      flags + ['--gammas', '1,2', '--num_examples', '2', '--repeats', '1', '--out', str(out)])
+  (group,) = result['groups']
+  assert group['task'] == 'specdec_wmt_t2t_ende_v003' and group['temperature'] == 0.0
+  (draft,) = group['drafts'].values()
+  assert [r['gamma'] for r in draft['rows']] == [1, 2]
+  assert all(r['same_tokens_as_ar'] == 2 for r in draft['rows'])
+  saved = json.loads(pathlib.Path(f'{out}.json').read_text())
+  assert saved['command'].startswith('python scripts/speedup_table.py --gin_file=')
+  assert '| specdec_wmt_t2t_ende_v003 |' in pathlib.Path(f'{out}.md').read_text()
+  assert pathlib.Path(f'{out}_specdec_wmt_t2t_ende_v003.png').stat().st_size > 0
