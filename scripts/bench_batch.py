@@ -59,7 +59,7 @@ def decode_text(sp, tokens) -> List[str]:
   out = []
   for row in np.asarray(tokens).tolist():
     row = row[:row.index(1)] if 1 in row else row
-    out.append(sp.decode([t for t in row if t > 1]))
+    out.append(sp.decode([t for t in row if 1 < t < sp.get_piece_size()]))  # ids past the SPM vocab (padding) dropped
   return out
 
 
