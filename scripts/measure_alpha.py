@@ -1,7 +1,7 @@
 """alpha of each draft for the demo target, the paper's way (Table 3), plus empirical rates.
 
   python scripts/measure_alpha.py                                   # 10K tokens per cell
-  python scripts/measure_alpha.py --num_tokens 2000 --spec_examples 32   # CPU-sized
+  python scripts/measure_alpha.py --num_tokens 2000 --spec_examples 32   # results/alpha_demo.*
 
 For each task (ende, summarize) and sampling (t=0, t=1): decodes test inputs with the
 demo target alone until --num_tokens target tokens exist, teacher-forces the target and

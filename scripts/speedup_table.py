@@ -1,8 +1,8 @@
 """Walltime speedup vs gamma at batch size 1 (paper Table 2), with theory and efficiency.
 
   # The demo family: tasks x drafts x temperatures, gamma swept (CPU-sized):
-  flock /tmp/specdec_bench.lock python scripts/speedup_table.py --num_examples 16 \
-      --gammas 1,2,3,4,6
+  flock /tmp/specdec_bench.lock python scripts/speedup_table.py --num_examples 12 \
+      --gammas 1,2,3,4,6          # results/speedup_demo.* (needs results/alpha_demo.json)
   # A paper row, its run file unchanged (gamma swept as --gin.GAMMA would set it):
   python scripts/speedup_table.py --gin_file=configs/spec_t5_small_xxl.gin \
       --gin.TARGET_CHECKPOINT="'/ckpt/xxl/checkpoint_1000000'" \
@@ -83,8 +83,8 @@ def render(result) -> str:
            'interleaved after compilation. alpha = i.i.d. fit to measured tokens per call '
            '(accepted/drafted in brackets). Theory = E[tokens](alpha_tf) * t_target / '
            '(gamma t_draft + t_verify), alpha_tf = the teacher-forced alpha of '
-           'results/alpha_demo.json (the fit when absent). Ideal = measured tokens/call * t_target / (gamma '
-           't_draft + t_verify); efficiency = Speed / Ideal. Chosen = '
+           'results/alpha_demo.json (the fit when absent). Ideal = measured tokens/call * '
+           't_target / (gamma t_draft + t_verify); efficiency = Speed / Ideal. Chosen = '
            'theory.best_gamma_measured(alpha, costs) over the swept range.', '',
            '| Task | Draft | Temp | gamma | alpha | Speed | Theory | Ideal | Efficiency | '
            'tokens/call | c | chosen |', '|---|---|---|---|---|---|---|---|---|---|---|---|']
@@ -98,8 +98,9 @@ def render(result) -> str:
             f"{r['speedup_measured']:.2f}x | {r['speedup_theory']:.2f}x | "
             f"{r['speedup_ideal']:.2f}x | {r['efficiency']:.2f} | "
             f"{r['tokens_per_target_call']:.2f} | {d['c']:.3f} | {mark} |")
-  lines += ['', '| Task | Draft | Temp | alpha for theory | chosen gamma | best measured gamma | speed at chosen '
-            '| best speed | within 10% |', '|---|---|---|---|---|---|---|---|---|']
+  lines += ['', '| Task | Draft | Temp | alpha for theory | chosen gamma | best measured gamma '
+            '| speed at chosen | best speed | within 10% |',
+            '|---|---|---|---|---|---|---|---|---|']
   for grp in result['groups']:
     for name, d in grp['drafts'].items():
       lines.append(f"| {grp['task']} | {name} | {grp['temperature']:g} | "

@@ -339,9 +339,9 @@ def from_gin(gin_files: Sequence[str], bindings: Sequence[str], num_examples: in
   """
   import sys  # pylint: disable=g-import-not-at-top
   import gin  # pylint: disable=g-import-not-at-top
-  from specdec_t5x import infer, tasks  # pylint: disable=g-import-not-at-top
+  from specdec_t5x import infer as infer_lib, tasks  # pylint: disable=g-import-not-at-top
 
-  def infer(**kwargs):  # pylint: disable=redefined-outer-name
+  def infer(**kwargs):  # the name gin files bind: infer_script.infer
     return kwargs
 
   main_module = sys.modules['__main__']
@@ -364,9 +364,9 @@ def from_gin(gin_files: Sequence[str], bindings: Sequence[str], num_examples: in
   if kw.get('task_vocab_path'):
     tasks.register_tasks(kw['task_vocab_path'])
   seed = kw.get('fallback_init_rng')
-  examples = infer.load_examples(data.mixture_or_task_name, data,
-                                 allow_truncation=kw.get('allow_truncation', False),
-                                 num_examples=num_examples, shard_id=0, num_shards=1)
+  examples = infer_lib.load_examples(data.mixture_or_task_name, data,
+                                     allow_truncation=kw.get('allow_truncation', False),
+                                     num_examples=num_examples, shard_id=0, num_shards=1)
   lengths = dict(data.task_feature_lengths)
   params = model.restore_target(restore.path, restore.dtype, seed)
   model.restore_draft(restore.dtype, seed)

@@ -51,7 +51,7 @@ def test_alpha_of_identical_models_is_one(models, temperature):
 def test_betas_equal_sum_min_of_standardised_distributions(models):
   target, draft, enc = models
   cfg = sampling.SamplingConfig(0.7, topk=5)
-  outs = evaluation.target_outputs(target, enc[:2], cfg, max_len=6)
+  outs = evaluation.target_outputs(target, enc[:2], cfg, max_len=6, batch=4)
   beta = evaluation.betas(target, draft, enc[:2], outs, cfg)
   # The same quantity computed by hand on the first sequence.
   dec = evaluation.pad_batch([outs[0]])
@@ -86,9 +86,9 @@ def test_speculative_stats_self_draft_accepts_everything(models):
 
 def test_sweep_rows(models):
   target, draft, enc = models
-  cost = evaluation.costs(target, {'d': draft, 'self': target}, enc, [1, 2], num_calls=2,
-                          repeats=1)
-  res = evaluation.sweep(target, {'d': draft, 'self': target}, enc[:2], 6, [1, 2],
+  cost = {'t_target_step': 1e-3, 't_draft_step_d': 1e-4, 't_draft_step_self': 1e-3,
+          't_verify_2': 1.2e-3, 't_verify_3': 1.3e-3}  # call costs: see the paper-row test
+  res = evaluation.sweep(target, {'d': draft, 'self': target}, enc[:2], 4, [1, 2],
                          sampling.SamplingConfig(0.0), cost, repeats=1, alphas={'self': 1.0})
   for name, d in res['drafts'].items():
     assert [r['gamma'] for r in d['rows']] == [1, 2]
