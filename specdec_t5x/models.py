@@ -238,6 +238,9 @@ class _SpeculativeMixin:
       if 'decoder_input_tokens' not in batch:
         raise ValueError('Set max_decode_length or pass batch["decoder_input_tokens"].')
       max_len = int(np.shape(batch['decoder_input_tokens'])[1])
+    if self.is_speculative and self._draft_params is None and self.draft_checkpoint:
+      # T5X's runners restore only the target (TrainState); load the draft on first use.
+      self.restore_draft()
     draft = (self.draft_module, self.draft_params) if self.is_speculative else None
     out = api.generate((self.target_module, params), batch['encoder_input_tokens'],
                        draft=draft, gamma=self.gamma, temperature=self.temperature,
