@@ -337,29 +337,19 @@ def from_gin(gin_files: Sequence[str], bindings: Sequence[str], num_examples: in
   Parses the files as `python -m specdec_t5x.infer` does, but calls a stand-in for
   `infer_script.infer` that returns its gin-bound arguments instead of decoding.
   """
-  import sys  # pylint: disable=g-import-not-at-top
   import gin  # pylint: disable=g-import-not-at-top
   from specdec_t5x import infer as infer_lib, tasks  # pylint: disable=g-import-not-at-top
 
-  def infer(**kwargs):  # the name gin files bind: infer_script.infer
-    return kwargs
-
-  main_module = sys.modules['__main__']
-  previous = getattr(main_module, 'infer', None)
-  main_module.infer = infer
+  # Parse exactly as the runner does, then read the arguments gin binds to its `infer`
+  # (references resolved) without running it: registering a stand-in `infer` would make
+  # the selector ambiguous for every later gin parse in the process.
+  configured = infer_lib.parse_gin(
+      list(gin_files), ["INFER_OUTPUT_DIR = '/tmp/speedup_table'"] + list(bindings),
+      search_paths)
   try:
-    gin.clear_config()
-    configured = gin.configurable(infer)
-    for path in [p for p in search_paths if p] + [REPO_ROOT]:
-      gin.add_config_file_search_path(path)
-    gin.parse_config_files_and_bindings(
-        list(gin_files), ["INFER_OUTPUT_DIR = '/tmp/speedup_table'"] + list(bindings),
-        finalize_config=False)
-    kw = configured()
+    kw = gin.get_bindings(configured, resolve_references=True)
   finally:
     gin.clear_config()
-    if previous is not None:
-      main_module.infer = previous
   model, data, restore = kw['model'], kw['dataset_cfg'], kw['restore_checkpoint_cfg']
   if kw.get('task_vocab_path'):
     tasks.register_tasks(kw['task_vocab_path'])
