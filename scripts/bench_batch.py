@@ -19,15 +19,12 @@ import statistics
 import sys
 from typing import Dict, List
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from specdec_t5x import benchmarking, checkpoints, generate  # noqa: E402
-from specdec_t5x.network import T5Config, Transformer  # noqa: E402
+from specdec_t5x import benchmarking, evaluation, generate  # noqa: E402
 
 DEMO = os.path.join(REPO, 'checkpoints', 'demo')
 PREFIX = {'ende': 'translate English to German: ', 'summarize': 'summarize: '}
@@ -35,13 +32,7 @@ PREFIX = {'ende': 'translate English to German: ', 'summarize': 'summarize: '}
 
 def load_demo(name: str):
   """-> (Transformer, float32 params) of checkpoints/demo/<name>."""
-  with open(os.path.join(DEMO, name, 'config.json')) as f:
-    cfg = json.load(f)
-  cfg.update(dtype=jnp.float32, dropout_rate=0.0)
-  cfg['mlp_activations'] = tuple(cfg['mlp_activations'])
-  config = T5Config(**cfg)
-  params = checkpoints.load_params(os.path.join(DEMO, name), dtype=jnp.float32)
-  return Transformer(config), jax.tree_util.tree_map(jnp.asarray, params)
+  return evaluation.load_model(name)
 
 
 def load_task(task: str, num: int, input_len: int = 128):

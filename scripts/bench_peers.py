@@ -25,27 +25,12 @@ import torch
 import transformers
 
 from specdec_t5x import benchmarking, evaluation, sampling
-from specdec_t5x.checkpoints import hf_state_dict_from_params
+from specdec_t5x.checkpoints import hf_model_from_params
 
 
 def to_hf(config, params) -> transformers.T5ForConditionalGeneration:
-  """Our tied-and-scaled (logits_via_embedding) T5 as a HF model with the same weights."""
-  if not config.logits_via_embedding:
-    raise ValueError('Only tied-embedding models are converted here (the demo family).')
-  gated = len(config.mlp_activations) == 2
-  hf_config = transformers.T5Config(
-      vocab_size=config.vocab_size, d_model=config.emb_dim, d_kv=config.head_dim,
-      d_ff=config.mlp_dim, num_layers=config.num_encoder_layers,
-      num_decoder_layers=config.num_decoder_layers, num_heads=config.num_heads,
-      feed_forward_proj='gated-gelu' if gated else 'relu', dropout_rate=0.0,
-      relative_attention_num_buckets=32, relative_attention_max_distance=128,
-      layer_norm_epsilon=1e-6, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
-      tie_word_embeddings=True, scale_decoder_outputs=True)
-  model = transformers.T5ForConditionalGeneration(hf_config).eval()
-  state = {k: torch.from_numpy(np.array(v, np.float32))
-           for k, v in hf_state_dict_from_params(params, config).items()}
-  model.load_state_dict(state, strict=True)
-  return model
+  """Our model as a HF model with the same weights (checkpoints.hf_model_from_params)."""
+  return hf_model_from_params(params, config)
 
 
 def logits_check(module, params, hf, enc: np.ndarray, dec: np.ndarray) -> float:

@@ -487,3 +487,30 @@ def load_hf_checkpoint(path: str, config: Any = None) -> tuple[Params, Any]:
     with open(os.path.join(path, 'config.json')) as f:
       config = T5Config(**t5_config_from_hf(json.load(f)))
   return params_from_hf_state_dict(_read_hf_weights(path), config), config
+
+
+def hf_model_from_params(params: Params, config: Any):
+  """A Hugging Face `T5ForConditionalGeneration` (PyTorch, eval mode) with our weights.
+
+  Handles v1.1 (own logits layer: transformers >= 5 ties lm_head to `shared` by default,
+  so it is untied first) and tied-and-scaled logits (v1.0 / logits_via_embedding).
+  Needs torch and transformers (test extras).
+  """
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  tied = bool(config.logits_via_embedding)
+  hf_config = transformers.T5Config(
+      vocab_size=config.vocab_size, d_model=config.emb_dim, d_kv=config.head_dim,
+      d_ff=config.mlp_dim, num_layers=config.num_encoder_layers,
+      num_decoder_layers=config.num_decoder_layers, num_heads=config.num_heads,
+      feed_forward_proj='gated-gelu' if len(config.mlp_activations) == 2 else 'relu',
+      dropout_rate=0.0, relative_attention_num_buckets=32, relative_attention_max_distance=128,
+      layer_norm_epsilon=1e-6, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+      tie_word_embeddings=tied, scale_decoder_outputs=tied)
+  model = transformers.T5ForConditionalGeneration(hf_config).eval()
+  state = {k: torch.from_numpy(np.array(v, np.float32))
+           for k, v in hf_state_dict_from_params(params, config).items()}
+  if not tied:
+    model.lm_head.weight = torch.nn.Parameter(state['lm_head.weight'].clone())
+  model.load_state_dict(state, strict=True)
+  return model

@@ -1,15 +1,11 @@
 """The committed demo family loads (T5X native, bf16 storage) and computes fixed logits."""
 
-import glob
-import json
 import os
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_t5x.checkpoints import load_params
-from specdec_t5x.network import T5Config, Transformer
+from specdec_t5x import evaluation
 
 ROOT = os.path.join(os.path.dirname(__file__), '..', 'checkpoints', 'demo')
 ENC = np.array([[13, 250, 9, 77, 1024, 5, 1]], np.int32)
@@ -25,20 +21,9 @@ EXPECTED = {
 }
 
 
-def load(name):
-  """(module, params) of a committed demo model, float32 for CPU inference."""
-  directory = os.path.join(ROOT, name)
-  with open(os.path.join(directory, 'config.json')) as f:
-    cfg = json.load(f)
-  cfg.update(dtype='float32', dropout_rate=0.0, mlp_activations=tuple(cfg['mlp_activations']))
-  config = T5Config(**cfg)
-  (path,) = glob.glob(os.path.join(directory, 'checkpoint_*'))
-  return Transformer(config), load_params(path, dtype=jnp.float32, config=config)
-
-
 @pytest.mark.parametrize('name', sorted(EXPECTED))
 def test_committed_checkpoint_gives_recorded_logits(name):
-  module, params = load(name)
+  module, params = evaluation.load_model(name)
   assert params['token_embedder']['embedding'].shape == (8192, module.config.emb_dim)
   logits = np.asarray(module.apply({'params': params}, ENC, DEC))
   ids, head = EXPECTED[name]

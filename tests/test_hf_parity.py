@@ -3,36 +3,16 @@
 import numpy as np
 import pytest
 import torch
-import transformers
 
 from conftest import make_model, random_inputs, tiny_config
-from specdec_t5x.checkpoints import hf_state_dict_from_params
-
-
-def _hf_model(config, params):
-  v11 = not config.logits_via_embedding
-  hf_config = transformers.T5Config(
-      vocab_size=config.vocab_size, d_model=config.emb_dim, d_kv=config.head_dim,
-      d_ff=config.mlp_dim, num_layers=config.num_encoder_layers,
-      num_decoder_layers=config.num_decoder_layers, num_heads=config.num_heads,
-      feed_forward_proj='gated-gelu' if v11 else 'relu', dropout_rate=0.0,
-      relative_attention_num_buckets=32, relative_attention_max_distance=128,
-      layer_norm_epsilon=1e-6, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
-      tie_word_embeddings=not v11, scale_decoder_outputs=not v11)
-  model = transformers.T5ForConditionalGeneration(hf_config).eval()
-  state = {k: torch.from_numpy(np.array(v, np.float32))
-           for k, v in hf_state_dict_from_params(params, config).items()}
-  if v11:  # transformers >= 5 ties lm_head to `shared`; v1.1 has its own logits layer.
-    model.lm_head.weight = torch.nn.Parameter(state['lm_head.weight'].clone())
-  model.load_state_dict(state, strict=True)
-  return model
+from specdec_t5x.checkpoints import hf_model_from_params
 
 
 @pytest.mark.parametrize('v11', [True, False], ids=['v1.1', 'v1.0'])
 def test_matches_hugging_face_t5(v11):
   config = tiny_config(vocab=64, emb=32, layers=2, v11=v11)
   module, params = make_model(config, seed=7)
-  hf = _hf_model(config, params)
+  hf = hf_model_from_params(params, config)
   enc = random_inputs(3, 11, 64, seed=2, min_len=4)
   dec_in = np.random.RandomState(3).randint(2, 64, size=(3, 20)).astype(np.int32)
   dec_in[:, 0] = 0
