@@ -42,3 +42,16 @@ def target_and_draft():
   target = make_model(tiny_config(), seed=0, logit_scale=3.0)
   draft = make_model(tiny_config(emb=16, layers=1), seed=1, logit_scale=3.0)
   return target, draft
+
+
+def train_tiny_spm(path, texts):
+  """A ~150-piece SentencePiece model with T5's ids (pad 0, eos 1, unk 2), written to path."""
+  import io
+  import sentencepiece as spm
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(list(texts) * 5), model_writer=model, vocab_size=150,
+      hard_vocab_limit=False, character_coverage=1.0, model_type='unigram',
+      pad_id=0, eos_id=1, unk_id=2, bos_id=-1, minloglevel=2)
+  path.write_bytes(model.getvalue())
+  return str(path)

@@ -6,7 +6,6 @@ model trained here, and the real TFDS WMT builder under `tfds.testing.mock_data`
 with the fixture sentence pairs. `infer.main` is called in-process (same flags as the
 command line) so that one jit compilation serves all runs.
 """
-import io
 import json
 import os
 import pathlib
@@ -17,7 +16,7 @@ import gin
 import jax
 import jax.numpy as jnp
 import pytest
-import sentencepiece as spm
+from conftest import train_tiny_spm
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
@@ -43,13 +42,7 @@ def _pairs():
 
 
 def _train_vocab(path, texts):
-  model = io.BytesIO()
-  spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(texts * 5), model_writer=model, vocab_size=150,
-      hard_vocab_limit=False, character_coverage=1.0, model_type='unigram',
-      pad_id=0, eos_id=1, unk_id=2, bos_id=-1, minloglevel=2)
-  path.write_bytes(model.getvalue())
-  return str(path)
+  return train_tiny_spm(path, texts)
 
 
 def _checkpoints(root):

@@ -4,13 +4,12 @@ The WMT / CNN tasks run the real TFDS builders under `tfds.testing.mock_data`, f
 with local real-looking examples (`as_dataset_fn`) or with TFDS's random text.
 """
 import importlib
-import io
 import math
 import pathlib
 
 import pytest
+from conftest import train_tiny_spm
 import sacrebleu
-import sentencepiece as spm
 import seqio
 import tensorflow as tf
 import tensorflow_datasets as tfds
@@ -38,13 +37,7 @@ def _train_vocab(path):
   texts = [tasks.TRANSLATE_PREFIX, tasks.SUMMARIZE_PREFIX, 'abcdefghij ABCDEFGHIJ']
   for tsv in FIXTURES.rglob('*.tsv'):
     texts += [t for pair in _read_tsv(tsv) for t in pair]
-  model = io.BytesIO()
-  spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(texts * 5), model_writer=model, vocab_size=150,
-      hard_vocab_limit=False, character_coverage=1.0, model_type='unigram',
-      pad_id=0, eos_id=1, unk_id=2, bos_id=-1, minloglevel=2)
-  path.write_bytes(model.getvalue())
-  return str(path)
+  return train_tiny_spm(path, texts)
 
 
 @pytest.fixture(scope='module')
