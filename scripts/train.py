@@ -16,7 +16,9 @@ Several models, one after another, each with its own budget (one value or one pe
 
 trains into runs/demo/<model>/ and exports bf16 params to
 checkpoints/demo/<model>/checkpoint_<step>/ with a config.json (T5Config fields).
-`--steps auto` fits the cosine schedule to the time budget.
+`--steps auto` fits the cosine schedule to the time budget. `--init_from DIR` starts a
+fresh run from a checkpoint's params (continued training, or fine-tuning a draft on the
+distilled data of scripts/distill_data.py).
 """
 
 import argparse
@@ -74,6 +76,8 @@ def parse(argv=None) -> argparse.Namespace:
   p.add_argument('--num_val_examples', type=int, default=512, help='per task')
   p.add_argument('--seed', type=int, default=0)
   p.add_argument('--final_export', default='', help='write bf16 params to DIR/<model>/')
+  p.add_argument('--init_from', default='none',
+                 help='per model: checkpoint dir whose params start a fresh run (fine-tuning)')
   p.add_argument('--no_progress', action='store_true', help='no tqdm bar')
   return p.parse_args(argv)
 
@@ -85,6 +89,7 @@ def main(argv=None) -> list:
   steps, seconds, batch, lr = (
       _per_model(args.steps, n, int), _per_model(args.max_seconds, n, float),
       _per_model(args.batch_size, n, int), _per_model(args.learning_rate, n, float))
+  init_from = _per_model(args.init_from, n, str)
   summaries = []
   for i, name in enumerate(names):
     model_cfg = training.model_config(name, dtype=args.dtype, **_pairs(args.override))
@@ -93,7 +98,8 @@ def main(argv=None) -> list:
         learning_rate=lr[i], warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
         z_loss=args.z_loss, mixing_rates=_pairs(args.mixing_rates) or None,
         max_seconds=seconds[i], save_every=args.save_every, eval_every=args.eval_every,
-        log_every=args.log_every, num_val_examples=args.num_val_examples, seed=args.seed)
+        log_every=args.log_every, num_val_examples=args.num_val_examples, seed=args.seed,
+        init_from=init_from[i])
     workdir = args.workdir if n == 1 else os.path.join(args.workdir, name)
     params, summary = training.train(model_cfg, args.data, workdir, cfg,
                                      progress=not args.no_progress)

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import tqdm
-from flax import serialization
+from flax import serialization, traverse_util
 
 from specdec_t5x.checkpoints import load_params, save_params
 from specdec_t5x.network import T5Config, Transformer
@@ -102,6 +102,7 @@ class TrainConfig:
   num_val_examples: int = 512  # Per task, a fixed seeded subset of the validation split.
   keep: int = 2
   seed: int = 0
+  init_from: Optional[str] = None  # A checkpoint dir whose params start a fresh run.
 
 
 def load_split(data_dir: str, split: str) -> dict[str, dict[str, np.ndarray]]:
@@ -321,7 +322,42 @@ def _start(workdir: str, model_cfg: T5Config, cfg: TrainConfig, tx, num_tasks: i
   step = latest_step(workdir) or 0
   if step:
     params, opt_state, state = restore_checkpoint(workdir, step, opt_state, state)
+  elif cfg.init_from:
+    params = init_params_from(cfg.init_from, params)
+    opt_state = tx.init(params)
   return params, opt_state, state, step
+
+
+def init_params_from(path: str, template: Params) -> Params:
+  """float32 params of checkpoint `path`, which must match `template`'s tree and shapes."""
+  loaded = load_params(path, dtype=jnp.float32)
+  want = {k: np.shape(v) for k, v in traverse_util.flatten_dict(template, sep='/').items()}
+  got = {k: np.shape(v) for k, v in traverse_util.flatten_dict(loaded, sep='/').items()}
+  if want != got:
+    diff = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
+    raise ValueError(f'init_from {path} does not match the model: {diff[:5]} differ '
+                     f'(model {[want.get(k) for k in diff[:5]]}, '
+                     f'checkpoint {[got.get(k) for k in diff[:5]]}).')
+  return jax.tree_util.tree_map(jnp.asarray, loaded)
+
+
+def distill_targets(model: Transformer, params: Params, inputs: np.ndarray, max_len: int,
+                    batch_size: int = 512, progress: bool = False) -> np.ndarray:
+  """The model's greedy outputs for `inputs` [N, in_len]: int32 [N, max_len], 0-padded.
+
+  Sequence-level knowledge distillation (Kim & Rush, 2016): a draft trained on its
+  target's own greedy outputs learns the target's mode, which is what raises alpha.
+  Rows keep their EOS (1) when the target emitted one within max_len.
+  """
+  from specdec_t5x import api  # pylint: disable=g-import-not-at-top
+  out = np.zeros((len(inputs), max_len), np.int32)  # [N, max_len]
+  for s in tqdm.tqdm(range(0, len(inputs), batch_size), disable=not progress, desc='distill'):
+    rows = inputs[s:s + batch_size]
+    padded = np.pad(rows, ((0, batch_size - len(rows)), (0, 0)))  # One compiled shape.
+    padded[len(rows):, 0] = 1  # Dummy rows: a lone EOS.
+    tokens = api.generate((model, params), padded, max_decode_length=max_len).tokens
+    out[s:s + len(rows)] = np.asarray(tokens)[:len(rows)]
+  return out
 
 
 def train(model_cfg: T5Config, data_dir: str, workdir: str, cfg: TrainConfig,

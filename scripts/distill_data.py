@@ -1,0 +1,79 @@
+r"""Writes a distillation corpus: the target's greedy outputs as the new targets.
+
+  python scripts/distill_data.py --target checkpoints/demo/demo_target \
+      --data data/corpus/npz --out data/corpus/distill_npz --batch_size 1024
+
+reads every `{task}_{split}.npz` of --data and writes the same files to --out, with
+`inputs` unchanged and `targets` replaced by the target model's greedy decode (same
+width, EOS kept, 0-padded). Training a draft on them (`scripts/train.py --init_from`)
+is sequence-level knowledge distillation: the draft learns the target's own mode, which
+is the quantity alpha measures. Prints one JSON line per file (rows, seconds, mean length).
+"""
+
+import argparse
+import glob
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
+
+import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-position
+import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+from specdec_t5x import checkpoints, network, training  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def load_target(model_dir: str, dtype: str):
+  """(module, params) from `model_dir/config.json` and its highest checkpoint_*."""
+  with open(os.path.join(model_dir, 'config.json')) as f:
+    fields = json.load(f)
+  fields = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
+  config = network.T5Config(**dict(fields, dtype=dtype, dropout_rate=0.0))
+  dirs = glob.glob(os.path.join(model_dir, 'checkpoint_*'))
+  if not dirs:
+    raise FileNotFoundError(f'No checkpoint_* directory under {model_dir}.')
+  path = max(dirs, key=lambda d: int(d.rsplit('_', 1)[1]))
+  params = checkpoints.load_params(path, dtype=jnp.float32, config=config)
+  return network.Transformer(config), jax.tree_util.tree_map(jnp.asarray, params)
+
+
+def main(argv=None) -> list:
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument('--target', required=True, help='model dir: config.json + checkpoint_*')
+  p.add_argument('--data', default='data/corpus/npz')
+  p.add_argument('--out', required=True)
+  p.add_argument('--splits', default='train,validation')
+  p.add_argument('--batch_size', type=int, default=512)
+  p.add_argument('--max_rows', type=int, default=0, help='per file; 0 = all')
+  p.add_argument('--dtype', default='float32', help='compute dtype, e.g. bfloat16 on GPU')
+  p.add_argument('--no_progress', action='store_true')
+  args = p.parse_args(argv)
+  model, params = load_target(args.target, args.dtype)
+  os.makedirs(args.out, exist_ok=True)
+  summaries = []
+  for split in args.splits.split(','):
+    for path in sorted(glob.glob(os.path.join(args.data, f'*_{split}.npz'))):
+      with np.load(path) as z:
+        inputs, targets = z['inputs'], z['targets']
+      if args.max_rows:
+        inputs, targets = inputs[:args.max_rows], targets[:args.max_rows]
+      t0 = time.time()
+      new = training.distill_targets(model, params, inputs.astype(np.int32),
+                                     targets.shape[1], args.batch_size, not args.no_progress)
+      out = os.path.join(args.out, os.path.basename(path))
+      tmp = out + '.tmp.npz'
+      np.savez_compressed(tmp, inputs=inputs, targets=new)
+      os.replace(tmp, out)
+      summaries.append({'file': out, 'rows': len(new), 'seconds': round(time.time() - t0, 1),
+                        'mean_len': float((new > 0).sum(1).mean()),
+                        'reference_mean_len': float((targets > 0).sum(1).mean()),
+                        'with_eos': float((new == 1).any(1).mean())})
+      print(json.dumps(summaries[-1]), flush=True)
+  return summaries
+
+
+if __name__ == '__main__':
+  main()
