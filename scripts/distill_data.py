@@ -19,25 +19,9 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
-import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
-import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from specdec_t5x import checkpoints, network, training  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-
-def load_target(model_dir: str, dtype: str):
-  """(module, params) from `model_dir/config.json` and its highest checkpoint_*."""
-  with open(os.path.join(model_dir, 'config.json')) as f:
-    fields = json.load(f)
-  fields = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
-  config = network.T5Config(**dict(fields, dtype=dtype, dropout_rate=0.0))
-  dirs = glob.glob(os.path.join(model_dir, 'checkpoint_*'))
-  if not dirs:
-    raise FileNotFoundError(f'No checkpoint_* directory under {model_dir}.')
-  path = max(dirs, key=lambda d: int(d.rsplit('_', 1)[1]))
-  params = checkpoints.load_params(path, dtype=jnp.float32, config=config)
-  return network.Transformer(config), jax.tree_util.tree_map(jnp.asarray, params)
+from specdec_t5x import network, training  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def main(argv=None) -> list:
@@ -51,7 +35,8 @@ def main(argv=None) -> list:
   p.add_argument('--dtype', default='float32', help='compute dtype, e.g. bfloat16 on GPU')
   p.add_argument('--no_progress', action='store_true')
   args = p.parse_args(argv)
-  model, params = load_target(args.target, args.dtype)
+  config, params = training.load_exported(args.target, args.dtype)
+  model = network.Transformer(config)
   os.makedirs(args.out, exist_ok=True)
   summaries = []
   for split in args.splits.split(','):

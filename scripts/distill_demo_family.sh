@@ -1,34 +1,53 @@
 #!/usr/bin/env bash
-# Second round of the demo family, as run once on a lent GPU (NVIDIA H200) and committed
-# under checkpoints/demo/ (the first round is scripts/train_demo_family.sh):
-#   1. continue training the target from its committed checkpoint (fresh warmup + cosine);
-#   2. decode the training and validation inputs greedily with that target
-#      (scripts/distill_data.py): sequence-level knowledge distillation data;
-#   3. fine-tune both learned drafts from their committed checkpoints on that data, so they
-#      learn the target's mode, which is what alpha measures.
-# Usage: bash scripts/distill_demo_family.sh [EXPORT_DIR] [BUDGETS: target,draft_m,draft_s s]
-# Writes EXPORT_DIR/<model>/checkpoint_<step>/ (bf16) + config.json; logs in runs/distill/.
+# Second round of the demo family, as run on a lent GPU (NVIDIA H200) and committed under
+# checkpoints/demo/ (the first round is scripts/train_demo_family.sh). Stages:
+#   target: continue training the target from its checkpoint (fresh warmup + cosine);
+#   data:   decode the training and validation inputs greedily with that target
+#           (scripts/distill_data.py): sequence-level knowledge distillation data;
+#   seqkd:  fine-tune both learned drafts on that data (they learn the target's mode);
+#   tokkd:  fine-tune them further on it with token-level KD (0.5 CE + 0.5 KL(p || q) from
+#           the target's logits), so q matches p beyond the argmax (alpha at temperature 1).
+# Usage: bash scripts/distill_demo_family.sh [EXPORT_DIR] [SECONDS: target,seqkd_m,seqkd_s,
+#        tokkd_m,tokkd_s]. Each stage starts from EXPORT_DIR's model when the stage before
+# wrote it there, else from checkpoints/demo. STAGES=data,tokkd runs a subset.
+# Writes EXPORT_DIR/<model>/checkpoint_<step>/ (bf16) + config.json; logs in runs/distill*/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EXPORT=${1:-/tmp/export}
-IFS=, read -r T_SEC M_SEC S_SEC <<< "${2:-200,110,60}"
-DEMO=checkpoints/demo
+IFS=, read -r T_SEC M_SEC S_SEC KM_SEC KS_SEC <<< "${2:-190,100,55,190,45}"
+STAGES=${STAGES:-target,data,seqkd,tokkd}
 DATA=${DATA:-data/corpus/npz}  # Env overrides, for a CPU smoke run on a slice.
 TARGET_BATCH=${TARGET_BATCH:-512} DRAFT_BATCH=${DRAFT_BATCH:-256} DISTILL_BATCH=${DISTILL_BATCH:-2048}
-latest() { ls -d "$1"/checkpoint_* | sort -t_ -k2 -n | tail -1; }
+latest() {  # the newest checkpoint of model $1: the export's if written, else the committed one
+  local d=$EXPORT/$1; [ -d "$d" ] || d=checkpoints/demo/$1
+  ls -d "$d"/checkpoint_*/checkpoint | sed 's#/checkpoint$##' | sort -t_ -k2 -n | tail -1
+}
+model_dir() { [ -d "$EXPORT/$1" ] && echo "$EXPORT/$1" || echo "checkpoints/demo/$1"; }
+has() { [[ ",$STAGES," == *",$1,"* ]]; }
 
-python3 scripts/train.py --model demo_target --data $DATA \
-  --workdir runs/distill/demo_target --steps auto --max_seconds "$T_SEC" \
-  --batch_size $TARGET_BATCH --learning_rate 6e-4 --warmup_steps 200 --dtype bfloat16 \
-  --eval_every 1000 --save_every 100000 --no_progress \
-  --init_from "$(latest $DEMO/demo_target)" --final_export "$EXPORT"
-
-python3 scripts/distill_data.py --target "$EXPORT/demo_target" --data $DATA \
-  --out data/corpus/distill_npz --batch_size $DISTILL_BATCH --no_progress
-
-python3 scripts/train.py --model demo_draft_m,demo_draft_s --data data/corpus/distill_npz \
-  --workdir runs/distill --steps auto --max_seconds "$M_SEC,$S_SEC" \
-  --batch_size $DRAFT_BATCH --learning_rate 1e-3,2e-3 --warmup_steps 100 --dtype bfloat16 \
-  --eval_every 500 --save_every 100000 --no_progress \
-  --init_from "$(latest $DEMO/demo_draft_m),$(latest $DEMO/demo_draft_s)" \
-  --final_export "$EXPORT"
+if has target; then
+  python3 scripts/train.py --model demo_target --data $DATA \
+    --workdir runs/distill/demo_target --steps auto --max_seconds "$T_SEC" \
+    --batch_size $TARGET_BATCH --learning_rate 6e-4 --warmup_steps 200 --dtype bfloat16 \
+    --eval_every 1000 --save_every 100000 --no_progress \
+    --init_from "$(latest demo_target)" --final_export "$EXPORT"
+fi
+if has data; then
+  python3 scripts/distill_data.py --target "$(model_dir demo_target)" --data $DATA \
+    --out data/corpus/distill_npz --batch_size $DISTILL_BATCH --no_progress
+fi
+if has seqkd; then
+  python3 scripts/train.py --model demo_draft_m,demo_draft_s --data data/corpus/distill_npz \
+    --workdir runs/distill --steps auto --max_seconds "$M_SEC,$S_SEC" \
+    --batch_size $DRAFT_BATCH --learning_rate 1e-3,2e-3 --warmup_steps 100 --dtype bfloat16 \
+    --eval_every 500 --save_every 100000 --no_progress \
+    --init_from "$(latest demo_draft_m),$(latest demo_draft_s)" --final_export "$EXPORT"
+fi
+if has tokkd; then
+  python3 scripts/train.py --model demo_draft_m,demo_draft_s --data data/corpus/distill_npz \
+    --workdir runs/distill_kd --steps auto --max_seconds "$KM_SEC,$KS_SEC" \
+    --batch_size $DRAFT_BATCH --learning_rate 5e-4,1e-3 --warmup_steps 100 --dtype bfloat16 \
+    --eval_every 500 --save_every 100000 --no_progress \
+    --teacher "$(model_dir demo_target)" --kd_weight 0.5 \
+    --init_from "$(latest demo_draft_m),$(latest demo_draft_s)" --final_export "$EXPORT"
+fi

@@ -78,6 +78,9 @@ def parse(argv=None) -> argparse.Namespace:
   p.add_argument('--final_export', default='', help='write bf16 params to DIR/<model>/')
   p.add_argument('--init_from', default='none',
                  help='per model: checkpoint dir whose params start a fresh run (fine-tuning)')
+  p.add_argument('--teacher', default='',
+                 help='model dir (config.json + checkpoint_*): token-level KD from its logits')
+  p.add_argument('--kd_weight', type=float, default=0.5, help='weight of KL(teacher || model)')
   p.add_argument('--no_progress', action='store_true', help='no tqdm bar')
   return p.parse_args(argv)
 
@@ -99,7 +102,7 @@ def main(argv=None) -> list:
         z_loss=args.z_loss, mixing_rates=_pairs(args.mixing_rates) or None,
         max_seconds=seconds[i], save_every=args.save_every, eval_every=args.eval_every,
         log_every=args.log_every, num_val_examples=args.num_val_examples, seed=args.seed,
-        init_from=init_from[i])
+        init_from=init_from[i], teacher=args.teacher or None, kd_weight=args.kd_weight)
     workdir = args.workdir if n == 1 else os.path.join(args.workdir, name)
     params, summary = training.train(model_cfg, args.data, workdir, cfg,
                                      progress=not args.no_progress)

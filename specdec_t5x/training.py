@@ -103,6 +103,8 @@ class TrainConfig:
   keep: int = 2
   seed: int = 0
   init_from: Optional[str] = None  # A checkpoint dir whose params start a fresh run.
+  teacher: Optional[str] = None  # A model dir (config.json + checkpoint_*) for token-level KD.
+  kd_weight: float = 0.5  # Weight of KL(teacher || model) when a teacher is given.
 
 
 def load_split(data_dir: str, split: str) -> dict[str, dict[str, np.ndarray]]:
@@ -182,8 +184,16 @@ def validation_batches(tasks: Mapping[str, Mapping[str, np.ndarray]], batch_size
 
 
 def loss_fn(params: Params, model: Transformer, batch: Batch, z_loss: float,
-            dropout_rng: Optional[jax.Array]) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-  """Mean (cross-entropy + z_loss * logsumexp^2) over non-pad targets; aux (sum CE, count)."""
+            dropout_rng: Optional[jax.Array], teacher_logits: Optional[jax.Array] = None,
+            kd_weight: float = 0.0) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+  """Mean loss over non-pad targets; aux (sum of cross-entropy on the targets, count).
+
+  Loss per token: (1 - kd_weight) * CE(target token) + kd_weight * KL(p_teacher || q)
+  + z_loss * logsumexp^2. With teacher logits [batch, len, vocab] this is token-level
+  knowledge distillation (forward KL, as DistillSpec recommends for drafts): q learns the
+  teacher's whole distribution, which is what alpha = E[sum_x min(p, q)] rewards at any
+  temperature, not only its argmax.
+  """
   logits = model.apply(
       {'params': params}, batch['encoder_input_tokens'], batch['decoder_input_tokens'],
       batch['decoder_target_tokens'], enable_dropout=dropout_rng is not None,
@@ -192,8 +202,14 @@ def loss_fn(params: Params, model: Transformer, batch: Batch, z_loss: float,
   weights = (targets > 0).astype(jnp.float32)
   lse = jax.nn.logsumexp(logits, axis=-1)  # [batch, len]
   ce = lse - jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+  per_token = ce
+  if teacher_logits is not None and kd_weight > 0:
+    teacher = jax.nn.log_softmax(jax.lax.stop_gradient(teacher_logits).astype(jnp.float32))
+    log_q = logits.astype(jnp.float32) - lse[..., None]
+    kl = jnp.sum(jnp.exp(teacher) * (teacher - log_q), axis=-1)  # [batch, len]
+    per_token = (1.0 - kd_weight) * ce + kd_weight * kl
   count = weights.sum()
-  loss = jnp.sum((ce + z_loss * lse ** 2) * weights) / jnp.maximum(count, 1.0)
+  loss = jnp.sum((per_token + z_loss * lse ** 2) * weights) / jnp.maximum(count, 1.0)
   return loss, (jnp.sum(ce * weights), count)
 
 
@@ -226,14 +242,25 @@ def learning_rate(step: int, cfg: TrainConfig, total_steps: Optional[int]) -> fl
 
 
 @functools.lru_cache(maxsize=16)
-def make_steps(model_cfg: T5Config, optimizer: str, weight_decay: float, z_loss: float):
-  """Jitted (train_step, eval_step, optimizer), cached so restarts in-process reuse them."""
+def make_steps(model_cfg: T5Config, optimizer: str, weight_decay: float, z_loss: float,
+               teacher_cfg: Optional[T5Config] = None, kd_weight: float = 0.0):
+  """Jitted (train_step, eval_step, optimizer), cached so restarts in-process reuse them.
+
+  train_step(params, opt_state, batch, lr, key, step, teacher_params=None): with a
+  `teacher_cfg`, the teacher's logits on the same batch feed the KD term of `loss_fn`.
+  """
   model = Transformer(model_cfg)
+  teacher = None if teacher_cfg is None else Transformer(teacher_cfg)
   tx = make_optimizer(TrainConfig(optimizer=optimizer, weight_decay=weight_decay))
 
-  def train_step(params, opt_state, batch, lr, key, step):
+  def train_step(params, opt_state, batch, lr, key, step, teacher_params=None):
+    teacher_logits = None
+    if teacher is not None:
+      teacher_logits = teacher.apply(
+          {'params': teacher_params}, batch['encoder_input_tokens'],
+          batch['decoder_input_tokens'], batch['decoder_target_tokens'])  # [b, len, V]
     (loss, (ce_sum, count)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-        params, model, batch, z_loss, jax.random.fold_in(key, step))
+        params, model, batch, z_loss, jax.random.fold_in(key, step), teacher_logits, kd_weight)
     updates, opt_state = tx.update(grads, opt_state, params)
     updates = jax.tree_util.tree_map(lambda u: (lr * u).astype(u.dtype), updates)
     return optax.apply_updates(params, updates), opt_state, {
@@ -298,6 +325,21 @@ def export_params(params: Params, out_dir: str, model_cfg: T5Config, step: int) 
                      dtype=jnp.bfloat16, overwrite=True)
   _write_atomic(f'{out_dir}/config.json', json.dumps(config_to_dict(model_cfg)).encode())
   return path
+
+
+def load_exported(model_dir: str, dtype: Any = jnp.float32) -> tuple[T5Config, Params]:
+  """(config with no dropout, float32 params) of an `export_params` dir's latest checkpoint."""
+  with open(os.path.join(model_dir, 'config.json')) as f:
+    fields = json.load(f)
+  fields = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
+  config = T5Config(**dict(fields, dtype=jnp.dtype(dtype), dropout_rate=0.0))
+  dirs = [d for d in glob.glob(os.path.join(model_dir, 'checkpoint_*'))
+          if os.path.isfile(os.path.join(d, 'checkpoint'))]
+  if not dirs:
+    raise FileNotFoundError(f'No checkpoint_*/checkpoint under {model_dir}.')
+  path = max(dirs, key=lambda d: int(d.rsplit('_', 1)[1]))
+  params = load_params(path, dtype=jnp.float32, config=config)
+  return config, jax.tree_util.tree_map(jnp.asarray, params)
 
 
 def _synced_time(x: Any) -> float:
@@ -370,7 +412,11 @@ def train(model_cfg: T5Config, data_dir: str, workdir: str, cfg: TrainConfig,
   if cfg.steps is None and cfg.max_seconds is None:
     raise ValueError('Give steps, max_seconds, or both.')
   t0 = time.time()
-  train_step, eval_step, tx = make_steps(model_cfg, cfg.optimizer, cfg.weight_decay, cfg.z_loss)
+  teacher_cfg, teacher_params = None, None
+  if cfg.teacher:
+    teacher_cfg, teacher_params = load_exported(cfg.teacher, dtype=model_cfg.dtype)
+  train_step, eval_step, tx = make_steps(model_cfg, cfg.optimizer, cfg.weight_decay, cfg.z_loss,
+                                         teacher_cfg, cfg.kd_weight if cfg.teacher else 0.0)
   mixture = Mixture(load_split(data_dir, 'train'), cfg.batch_size, cfg.seed, cfg.mixing_rates)
   val = validation_batches(load_split(data_dir, 'validation'), cfg.batch_size,
                            cfg.num_val_examples)
@@ -400,7 +446,8 @@ def train(model_cfg: T5Config, data_dir: str, workdir: str, cfg: TrainConfig,
   while total is None or step < total:
     batch, cursors = mixture.batch(step, cursors)
     lr = np.float32(learning_rate(step, cfg, total))
-    params, opt_state, metrics = train_step(params, opt_state, batch, lr, key, np.int32(step))
+    params, opt_state, metrics = train_step(params, opt_state, batch, lr, key, np.int32(step),
+                                            teacher_params)
     step += 1
     if window is None:  # First step: wait out the compilation, then start timing.
       window = _synced_time(metrics)

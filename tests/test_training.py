@@ -148,3 +148,67 @@ def test_script_trains_several_models_and_exports(data_dir, tmp_path):
       expected = training.model_config(name, vocab_size=VOCAB, emb_dim=16, num_heads=2,
                                        head_dim=8, mlp_dim=32)
       assert json.load(f) == training.config_to_dict(expected)
+
+
+def test_init_from_starts_a_fresh_run_at_the_given_params(data_dir, tmp_path):
+  params, _ = training.train(tiny_model(), data_dir, str(tmp_path / 'a'), small_cfg(steps=2))
+  ckpt = training.export_params(params, str(tmp_path / 'x'), tiny_model(), 2)
+  started, _ = training.train(tiny_model(), data_dir, str(tmp_path / 'b'),
+                              small_cfg(steps=0, init_from=ckpt))
+  f0, f1 = _flat(params), _flat(started)
+  for k in f0:  # Exported in bf16: equal up to bf16 rounding.
+    np.testing.assert_allclose(f1[k], f0[k], rtol=1e-2, atol=1e-2, err_msg=str(k))
+  other = training.model_config('tiny', vocab_size=VOCAB, emb_dim=24, num_heads=2, head_dim=8,
+                                mlp_dim=32)
+  with pytest.raises(ValueError, match='does not match the model'):
+    training.train(other, data_dir, str(tmp_path / 'c'), small_cfg(steps=0, init_from=ckpt))
+
+
+def test_kd_loss_is_the_kl_to_the_teacher():
+  model = training.Transformer(tiny_model())
+  rs = np.random.RandomState(0)
+  batch = training.make_batch(rs.randint(2, VOCAB, (2, 6)).astype(np.int32),
+                              rs.randint(1, VOCAB, (2, 5)).astype(np.int32))
+  params = model.init(jax.random.PRNGKey(0), batch['encoder_input_tokens'],
+                      batch['decoder_input_tokens'])['params']
+  own = model.apply({'params': params}, batch['encoder_input_tokens'],
+                    batch['decoder_input_tokens'])
+  ce_only = training.loss_fn(params, model, batch, 0.0, None)[0]
+  same = training.loss_fn(params, model, batch, 0.0, None, own, 1.0)[0]
+  assert abs(float(same)) < 1e-5  # KL(q || q) = 0.
+  half = training.loss_fn(params, model, batch, 0.0, None, own, 0.5)[0]
+  np.testing.assert_allclose(float(half), 0.5 * float(ce_only), rtol=1e-5)
+  other = own + jnp.asarray(rs.randn(*own.shape), own.dtype)
+  kl = float(training.loss_fn(params, model, batch, 0.0, None, other, 1.0)[0])
+  p = jax.nn.softmax(other, -1)
+  want = jnp.sum(p * (jax.nn.log_softmax(other, -1) - jax.nn.log_softmax(own, -1)), -1).mean()
+  np.testing.assert_allclose(kl, float(want), rtol=1e-4)
+
+
+def test_teacher_step_trains_toward_the_teacher(data_dir):
+  teacher_cfg = training.model_config('tiny', vocab_size=VOCAB, emb_dim=24, num_heads=2,
+                                      head_dim=8, mlp_dim=32, dropout_rate=0.0)
+  dummy = jnp.ones((1, 4), jnp.int32)
+  teacher = training.Transformer(teacher_cfg).init(jax.random.PRNGKey(1), dummy, dummy)['params']
+  train_step, _, tx = training.make_steps(tiny_model(), 'adamw', 0.0, 0.0, teacher_cfg, 1.0)
+  batch = training.Mixture(training.load_split(data_dir, 'train'), 4).batch(0, [0, 0])[0]
+  params = training.Transformer(tiny_model()).init(jax.random.PRNGKey(0), dummy, dummy)['params']
+  opt_state, losses = tx.init(params), []
+  for step in range(25):
+    params, opt_state, m = train_step(params, opt_state, batch, np.float32(1e-2),
+                                      jax.random.key(0, impl='rbg'), np.int32(step), teacher)
+    losses.append(float(m['loss']))  # Pure KL (kd_weight 1, no z-loss).
+  assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_distill_targets_are_the_greedy_decodes():
+  from specdec_t5x import api  # pylint: disable=g-import-not-at-top
+  cfg = training.model_config('tiny', vocab_size=VOCAB, emb_dim=16, num_heads=2, head_dim=8,
+                              mlp_dim=32, dropout_rate=0.0)
+  model = training.Transformer(cfg)
+  dummy = jnp.ones((1, 4), jnp.int32)
+  params = model.init(jax.random.PRNGKey(2), dummy, dummy)['params']
+  inputs = _examples(np.random.RandomState(3), 5)['inputs']
+  got = training.distill_targets(model, params, inputs, max_len=7, batch_size=2)
+  want = np.asarray(api.generate((model, params), inputs, max_decode_length=7).tokens)
+  np.testing.assert_array_equal(got, want)
