@@ -32,34 +32,49 @@ def wall(fn: Callable[[], Any]) -> float:
 
 
 def _repeated_extend(module, num_tokens: int, num_calls: int, cache_len: int):
-  """A jitted fn(params, enc) that runs `num_calls` cached calls of `num_tokens` tokens."""
+  """A jitted fn(params, enc) that encodes, builds the cache and runs `num_calls` cached
+  calls of `num_tokens` tokens. The result depends on the cache even for 0 calls, so the
+  encoder is never dead code and cancels out of `call_cost`'s difference."""
   def run(params, enc):
     encoded = module.apply({'params': params}, enc, method='encode')
     cache = module.apply({'params': params}, encoded, enc, cache_len, method='init_cache')
     tokens = jnp.full((enc.shape[0], num_tokens), 3, jnp.int32)
+    seen = sum((jnp.sum(x).astype(jnp.float32) for x in jax.tree_util.tree_leaves(cache)
+                if jnp.issubdtype(x.dtype, jnp.floating)), jnp.float32(0.0))
 
     def body(i, carry):
       cache, acc = carry
       logits, cache = module.apply({'params': params}, cache, tokens,
                                    jnp.full((enc.shape[0],), i, jnp.int32), method='extend')
       return cache, acc + logits[:, -1, 0]
-    return jax.lax.fori_loop(0, num_calls, body, (cache, jnp.zeros((enc.shape[0],))))[1]
+    acc0 = jnp.zeros((enc.shape[0],)) + seen
+    return jax.lax.fori_loop(0, num_calls, body, (cache, acc0))[1]
   return jax.jit(run)
 
 
-def call_cost(module, params, enc, num_tokens: int, num_calls: int = 32, repeats: int = 5) -> float:
+def call_cost(module, params, enc, num_tokens: int, num_calls: int = 32, repeats: int = 5,
+              cache_len: int = 0) -> float:
   """Median seconds of ONE cached decoder call over `num_tokens` new tokens.
 
   Measured as (time of num_calls calls - time of 0 calls) / num_calls, so the encoder and
-  cache set-up are excluded.
+  cache set-up are excluded. `cache_len`: the cache's slots (0: just enough); give the
+  decode's own (max_len + gamma + 1) to include attention over the whole cache.
   """
-  cache_len = num_calls + num_tokens + 1
+  cache_len = max(cache_len, num_calls + num_tokens + 1)
   many = _repeated_extend(module, num_tokens, num_calls, cache_len)
   none = _repeated_extend(module, num_tokens, 0, cache_len)
   block(many(params, enc)), block(none(params, enc))  # compile
   diffs = [wall(lambda: many(params, enc)) - wall(lambda: none(params, enc))
            for _ in range(repeats)]
   return max(statistics.median(diffs), 1e-9) / num_calls
+
+
+def prefill_cost(module, params, enc, cache_len: int, repeats: int = 5) -> float:
+  """Median seconds of encoding `enc` and building a `cache_len` cache (one jitted call):
+  the per-sequence cost that every decode pays once, before its first decoder call."""
+  none = _repeated_extend(module, 1, 0, cache_len)
+  block(none(params, enc))  # compile
+  return statistics.median(wall(lambda: none(params, enc)) for _ in range(repeats))
 
 
 def median_times(fns: Dict[str, Callable[[], Any]], repeats: int) -> Dict[str, List[float]]:

@@ -218,15 +218,40 @@ class Decoder:
 
 
 def costs(target: ModelAndParams, drafts_: Dict[str, ModelAndParams], enc: np.ndarray,
-          gammas: Sequence[int], num_calls: int = 16, repeats: int = 5) -> Dict[str, float]:
-  """t_target_step, t_draft_step_{name} and t_verify_{g+1} (seconds per call, call_cost)."""
+          gammas: Sequence[int], num_calls: int = 16, repeats: int = 5,
+          max_len: int = 0) -> Dict[str, float]:
+  """Seconds per call (benchmarking.call_cost): t_target_step, t_draft_step_{name},
+  t_verify_{g+1}; and per sequence (prefill_cost): t_prefill_target, t_prefill_draft_{name}.
+
+  With `max_len`, caches have the decode's own size (max_len + max gamma + 1).
+  """
   enc = jnp.asarray(enc[:1])
-  out = {'t_target_step': benchmarking.call_cost(*target, enc, 1, num_calls, repeats)}
+  cache_len = max_len + max(gammas) + 1 if max_len else 0
+  cost = lambda model, k: benchmarking.call_cost(*model, enc, k, num_calls, repeats, cache_len)
+  out = {'t_target_step': cost(target, 1),
+         't_prefill_target': benchmarking.prefill_cost(*target, enc, max(cache_len, 2), repeats)}
   for name, draft in drafts_.items():
-    out[f't_draft_step_{name}'] = benchmarking.call_cost(*draft, enc, 1, num_calls, repeats)
+    out[f't_draft_step_{name}'] = cost(draft, 1)
+    out[f't_prefill_draft_{name}'] = benchmarking.prefill_cost(*draft, enc, max(cache_len, 2),
+                                                               repeats)
   for g in gammas:
-    out[f't_verify_{g + 1}'] = benchmarking.call_cost(*target, enc, g + 1, num_calls, repeats)
+    out[f't_verify_{g + 1}'] = cost(target, g + 1)
   return out
+
+
+def ideal_end_to_end(num_sequences: int, ar_calls: float, spec_calls: float, gamma: int,
+                     cost: Dict[str, float], draft: str) -> float:
+  """AR time / speculative time predicted from call costs alone, per-sequence prefill
+  (encoder + cache) included: (n P_t + N_ar t_t) / (n (P_t + P_d) + N_spec (g t_d + t_v)).
+
+  The paper's ideal (theory.ideal_speedup) leaves out the prefill, which both methods pay
+  once per sequence; at batch 1 on a CPU it is a sizeable share of short decodes.
+  """
+  pre_t, pre_d = cost['t_prefill_target'], cost[f't_prefill_draft_{draft}']
+  t_t, t_d, t_v = cost['t_target_step'], cost[f't_draft_step_{draft}'], cost[f't_verify_{gamma + 1}']
+  ar = num_sequences * pre_t + ar_calls * t_t
+  spec = num_sequences * (pre_t + pre_d) + spec_calls * (gamma * t_d + t_v)
+  return ar / spec
 
 
 def _rows(ar: Decoder, decs: Dict[int, Decoder], med: Dict[str, float], name: str,
@@ -240,6 +265,10 @@ def _rows(ar: Decoder, decs: Dict[int, Decoder], med: Dict[str, float], name: st
     fit = alpha_from_tokens_per_call(tpc, g)
     ideal = float(theory.ideal_speedup(min(max(tpc, 1.0), g + 1), g, t_d, t_t, t_v))
     measured = med['ar'] / med[f'{name}_g{g}']
+    e2e = None
+    if 't_prefill_target' in cost:
+      e2e = ideal_end_to_end(len(dec.enc), float(ar.stats['target_calls'].sum()),
+                             float(s['target_calls'].sum()), g, cost, name)
     rows.append({
         'gamma': g, 'alpha_empirical': float(s['accepted_tokens'].sum() /
                                              max(1, s['drafted_tokens'].sum())),
@@ -248,6 +277,8 @@ def _rows(ar: Decoder, decs: Dict[int, Decoder], med: Dict[str, float], name: st
         'accepted_length_histogram': s['accepted_length_histogram'].tolist(),
         'tokens_per_target_call': tpc, 'generated_tokens': float(s['generated_tokens'].sum()),
         'speedup_measured': measured, 'speedup_ideal': ideal, 'efficiency': measured / ideal,
+        'speedup_ideal_end_to_end': e2e,
+        'efficiency_end_to_end': None if e2e is None else measured / e2e,
         'speedup_theory': float(theory.walltime_improvement_measured(
             fit if alpha is None else alpha, g, t_d, t_t, t_v)),
         'same_tokens_as_ar': int(sum(np.array_equal(a, b) for a, b in

@@ -6,11 +6,12 @@ import pathlib
 
 import gin
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from conftest import make_model, random_inputs, tiny_config
-from specdec_t5x import evaluation, sampling, theory
+from specdec_t5x import benchmarking, evaluation, sampling, theory
 from test_infer import _flags, env  # pylint: disable=unused-import  (tiny ckpts, mock WMT)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -99,6 +100,33 @@ def test_sweep_rows(models):
       assert 1.0 <= r['tokens_per_target_call'] <= r['gamma'] + 1
   assert res['drafts']['self']['alpha_source'] == 'given'
   assert all(r['alpha_empirical'] == 1.0 for r in res['drafts']['self']['rows'])
+
+
+def test_costs_measure_calls_and_prefill_separately(models):
+  target, draft, enc = models
+  cost = evaluation.costs(target, {'d': draft}, enc, [2], num_calls=4, repeats=3, max_len=8)
+  assert set(cost) == {'t_target_step', 't_prefill_target', 't_draft_step_d',
+                       't_prefill_draft_d', 't_verify_3'}
+  assert all(v > 0 for v in cost.values())
+  # The 0-call program still computes the encoder and cache (its result depends on them),
+  # so the encoder cancels out of call_cost's difference instead of being dead code.
+  module, params = target
+  none = benchmarking._repeated_extend(module, 1, 0, 12)  # pylint: disable=protected-access
+  doubled = jax.tree_util.tree_map(lambda x: 2 * x, params)
+  e = jnp.asarray(enc[:1])
+  assert not np.allclose(np.asarray(none(params, e)), np.asarray(none(doubled, e)))
+
+
+def test_ideal_end_to_end_counts_prefill():
+  cost = {'t_prefill_target': 5.0, 't_prefill_draft_d': 1.0, 't_target_step': 1.0,
+          't_draft_step_d': 0.1, 't_verify_3': 1.5}
+  # 2 sequences, AR 20 calls, speculative 8 calls of gamma 2:
+  want = (2 * 5.0 + 20 * 1.0) / (2 * 6.0 + 8 * (2 * 0.1 + 1.5))
+  assert evaluation.ideal_end_to_end(2, 20, 8, 2, cost, 'd') == pytest.approx(want)
+  no_prefill = dict(cost, t_prefill_target=0.0, t_prefill_draft_d=0.0)
+  # Without prefill it is the paper's ideal: tokens/call * t_t / (g t_d + t_v).
+  assert evaluation.ideal_end_to_end(2, 20, 8, 2, no_prefill, 'd') == pytest.approx(
+      (20 / 8) * 1.0 / (2 * 0.1 + 1.5))
 
 
 def test_speedup_table_runs_a_paper_row_config(env, tmp_path):
