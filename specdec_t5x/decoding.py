@@ -183,14 +183,12 @@ def _confidence(logits, q):
 
 
 def _draft_block(draft_fn: ExtendFn, s: DecodeState, keys, num_steps, limit, gamma: int,
-                 cfg: sampling.SamplingConfig, threshold: Optional[float] = None,
-                 static: bool = False):
+                 cfg: sampling.SamplingConfig, threshold: Optional[float] = None):
   """Drafts up to `num_steps` (<= gamma, traced) tokens per row.
 
   `limit` [b]: drafts that can count for each row. With `threshold`, a row stops once the
   draft's confidence for its next position falls below it (its first draft always counts),
-  and the loop ends when no row with room goes on. `static`: always make gamma drafts
-  (unrolled; for a fixed gamma, where num_steps < gamma only near the length limit).
+  and the loop ends when no row with room goes on.
 
   Returns (x [b, gamma], q [b, gamma, V] or None when greedy, draft cache, steps: the
   loop's draft calls after the first (x_steps was never fed to the draft), count [b]:
@@ -231,13 +229,8 @@ def _draft_block(draft_fn: ExtendFn, s: DecodeState, keys, num_steps, limit, gam
       more &= jnp.any(going & (i < limit))
     return more
 
-  carry = (jnp.int32(1), xs, qs, cache, going, count)
-  if static:  # A fixed gamma: straight-line code, no loop overhead per draft call. Drafts
-    for _ in range(gamma - 1):  # past a row's limit are made but never verified.
-      carry = body(carry)
-  else:
-    carry = jax.lax.while_loop(cond, body, carry)
-  steps, xs, qs, cache, _, count = carry
+  steps, xs, qs, cache, _, count = jax.lax.while_loop(
+      cond, body, (jnp.int32(1), xs, qs, cache, going, count))
   if threshold is None:
     count = jnp.full(x1.shape, num_steps, jnp.int32)
   return xs, qs, cache, steps, count
@@ -275,8 +268,7 @@ def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, dr
     limit = jnp.minimum(room, num_steps)  # [b]
     threshold = policy.threshold if policy.kind == 'confidence' else None
     xs, qs, draft_cache, steps, count = _draft_block(draft_fn, s, keys, num_steps, limit,
-                                                     gamma, cfg, threshold,
-                                                     static=policy.kind == 'fixed')
+                                                     gamma, cfg, threshold)
     num_drafted = jnp.minimum(limit, count)
 
     last = _row_window(s.seq, s.length + 1, 1)  # [b, 1]
