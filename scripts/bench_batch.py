@@ -27,7 +27,6 @@ sys.path.insert(0, REPO)
 from specdec_t5x import benchmarking, evaluation, generate  # noqa: E402
 
 DEMO = os.path.join(REPO, 'checkpoints', 'demo')
-PREFIX = {'ende': 'translate English to German: ', 'summarize': 'summarize: '}
 
 
 def load_demo(name: str):
@@ -37,13 +36,11 @@ def load_demo(name: str):
 
 def load_task(task: str, num: int, input_len: int = 128):
   """-> (encoder inputs [num, input_len] int32, reference strings, the SentencePiece model)."""
-  import sentencepiece as spm
-  from specdec_t5x.corpus import encode_task
-  sp = spm.SentencePieceProcessor(model_file=os.path.join(REPO, 'data', 'vocab', 'demo_spm.model'))
-  with open(os.path.join(REPO, 'data', 'demo', f'{task}_test.tsv')) as f:
-    rows = [tuple(line.rstrip('\n').split('\t')[:2]) for line in f if '\t' in line][:num]
-  inputs, _, _ = encode_task(sp, rows, PREFIX[task], input_len=input_len)
-  return inputs, [r[1] for r in rows], sp
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  examples = evaluation.load_examples(task, num, max_input_len=input_len)
+  sp = spm.SentencePieceProcessor(model_file=evaluation.DEMO_VOCAB)
+  return (evaluation.pad_batch([e.inputs for e in examples], input_len),
+          [e.reference for e in examples], sp)
 
 
 def decode_text(sp, tokens) -> List[str]:
@@ -56,7 +53,7 @@ def decode_text(sp, tokens) -> List[str]:
 
 def timed(fn, repeats: int):
   """Compiles (first call), then -> (median seconds, last output)."""
-  out = benchmarking.block(fn())
+  benchmarking.block(fn())  # compile
   times = []
   for _ in range(repeats):
     times.append(benchmarking.wall(fn))

@@ -19,7 +19,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from specdec_t5x import corpus  # pylint: disable=g-import-not-at-top
+from specdec_t5x import corpus_build  # pylint: disable=g-import-not-at-top
 
 
 def main() -> None:
@@ -45,17 +45,17 @@ def main() -> None:
   if args.skip_build:
     stats = json.loads(stats_path.read_text())
   else:
-    stats = corpus.build_corpus(out, pathlib.Path(args.work_dir), update=not args.no_update)
+    stats = corpus_build.build_corpus(out, pathlib.Path(args.work_dir), update=not args.no_update)
   if args.demo_dir:
-    stats['demo'] = corpus.write_demo(out, pathlib.Path(args.demo_dir))
+    stats['demo'] = corpus_build.write_demo(out, pathlib.Path(args.demo_dir))
   if args.train_vocab:
-    stats['vocab'] = corpus.train_vocab(out, pathlib.Path(args.train_vocab))
+    stats['vocab'] = corpus_build.train_vocab(out, pathlib.Path(args.train_vocab))
   if args.export_npz:
     vocab = args.vocab or (args.train_vocab and args.train_vocab + '.model')
     if not vocab:
       parser.error('--export_npz needs --vocab or --train_vocab')
-    stats['npz'] = corpus.export_npz(out, pathlib.Path(args.export_npz), pathlib.Path(vocab))
-  corpus.dump_json(stats_path, stats)
+    stats['npz'] = corpus_build.export_npz(out, pathlib.Path(args.export_npz), pathlib.Path(vocab))
+  corpus_build.dump_json(stats_path, stats)
   print(json.dumps(stats, indent=2, sort_keys=True))
 
 

@@ -15,7 +15,7 @@ import struct
 import numpy as np
 import pytest
 
-from specdec_t5x import corpus
+from specdec_t5x import corpus, corpus_build
 
 DATA = pathlib.Path(__file__).parent / 'data' / 'corpus'
 
@@ -166,7 +166,7 @@ def test_split_rule_by_package():
   assert not keys['train'] & keys['validation']
   assert not keys['train'] & keys['test']
   assert not keys['validation'] & keys['test']
-  assert corpus._leaked_keys(splits) == 0  # pylint: disable=protected-access
+  assert corpus_build._leaked_keys(splits) == 0  # pylint: disable=protected-access
   fractions = {s: len(k) / 3000 for s, k in keys.items()}
   assert 0.94 < fractions['train'] < 0.98
   assert 0.01 < fractions['validation'] < 0.03 and 0.01 < fractions['test'] < 0.03
@@ -201,7 +201,7 @@ class _StubSp:
 
 def test_encode_task_truncates_keeping_eos():
   rows = [('ab', 'c'), ('x' * 20, 'y' * 10)]
-  inputs, targets, stats = corpus.encode_task(_StubSp(), rows, 'p: ', input_len=8,
+  inputs, targets, stats = corpus_build.encode_task(_StubSp(), rows, 'p: ', input_len=8,
                                               target_len=4)
   assert inputs.dtype == np.int32 and inputs.shape == (2, 8) and targets.shape == (2, 4)
   assert list(inputs[0]) == [2 + ord(c) % 50 for c in 'p: ab'] + [1, 0, 0]
@@ -212,16 +212,16 @@ def test_encode_task_truncates_keeping_eos():
 
 def test_sample_demo_prefers_length_window():
   rows = [(' '.join(['w'] * n), 't') for n in range(1, 60)]
-  picked = corpus.sample_demo(rows, 10, 5, 40)
+  picked = corpus_build.sample_demo(rows, 10, 5, 40)
   assert len(picked) == 10 and all(5 <= corpus.word_count(r[0]) <= 40 for r in picked)
-  assert len(corpus.sample_demo(rows[:3], 10, 5, 40)) == 3
+  assert len(corpus_build.sample_demo(rows[:3], 10, 5, 40)) == 3
 
 
 def test_apt_config_and_missing_tools(tmp_path, monkeypatch):
-  conf = corpus.write_apt_config(tmp_path, [('bookworm', ('main',))]).read_text()
+  conf = corpus_build.write_apt_config(tmp_path, [('bookworm', ('main',))]).read_text()
   assert '#clear Acquire::Languages;' in conf and '"en"; "de";' in conf
   assert f'Dir::State::Lists "{tmp_path.resolve()}/lists"' in conf
   assert 'bookworm main' in (tmp_path / 'sources.list').read_text()
   monkeypatch.setattr(corpus, 'REQUIRED_TOOLS', ('no-such-tool-xyz',))
   with pytest.raises(RuntimeError, match='no-such-tool-xyz'):
-    corpus.check_tools()
+    corpus_build.check_tools()
