@@ -57,8 +57,20 @@ def main(argv=None):
     r = scores[f'summarize/{name}']
     lines.append(f"| {name} | {params[name]} | {scores[f'ende/{name}']['bleu']:.2f} | "
                  f"{r['rouge1']:.2f} / {r['rouge2']:.2f} / {r['rougeLsum']:.2f} |")
-  lines += ['', 'alpha (paper Table 3 method, E[sum_x min(p, q)] on target generations) is in '
-            '`results/alpha_demo.md`.']
+  lines += ['', 'Every draft\'s alpha against demo_target (paper Table 3 method: the mean of '
+            'sum_x min(p, q) over the target\'s own generations; from `results/alpha_demo.json`, '
+            'where the command, token counts and per-position alphas are):', '']
+  if alpha is None:
+    lines.append('(not measured yet: run scripts/measure_alpha.py)')
+  else:
+    cells = {(c['draft'], c['task'], c['temperature']): c['alpha'] for c in alpha['cells']}
+    drafts = list(dict.fromkeys(c['draft'] for c in alpha['cells']))
+    lines += ['| draft | EN->DE t=0 | EN->DE t=1 | summarize t=0 | summarize t=1 |',
+              '|---|---|---|---|---|']
+    for d in drafts:
+      vals = [cells.get((d, t, temp)) for t in ('ende', 'summarize') for temp in (0.0, 1.0)]
+      lines.append(f'| {d} | ' + ' | '.join('-' if v is None else f'{v:.2f}' for v in vals)
+                   + ' |')
   benchmarking.write_text(args.out + '.md', '\n'.join(lines) + '\n')
   print('\n'.join(lines))
 

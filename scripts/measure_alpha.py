@@ -84,8 +84,9 @@ def render(result: dict) -> str:
            'alike (t=0: one-hot argmax, so beta = 1 iff the argmaxes agree). Empirical: '
            f"accepted/drafted in real speculative runs (gamma {result['args']['gamma']}); "
            'alpha_i: P(draft i accepted | drafts 1..i-1 accepted).', '',
-           'The demo models are small and undertrained (BLEU ~5): these alphas describe '
-           'them, not T5-XXL.', '',
+           'These alphas describe the small demo family (quality: results/demo_models.md), '
+           'not T5-XXL. The drafts were distilled from the target (checkpoints/demo/README.md).',
+           '',
            '| Target | Draft | Task | Sampling | alpha | tokens | empirical | alpha_1..alpha_g |',
            '|---|---|---|---|---|---|---|---|']
   for c in result['cells']:

@@ -84,8 +84,9 @@ def _fmt(row, unit: str) -> str:
 def render(result) -> str:
   lines = [f"# Speedup vs gamma ({result['environment']['device_kind']}, batch 1)", '',
            f"Command: `{result['command']}`", '', f"Environment: {result['environment']}", '',
-           'Speed = median AR time / median speculative time over the same inputs, timed '
-           'interleaved after compilation. alpha = i.i.d. fit to measured tokens per call '
+           'Speed = (median AR seconds per generated token) / (median speculative seconds per '
+           'generated token) over the same inputs, timed interleaved after compilation (the '
+           'time ratio when greedy; sampled outputs differ in length). alpha = i.i.d. fit to measured tokens per call '
            '(accepted/drafted in brackets). Theory = E[tokens](alpha_tf) * t_target / '
            '(gamma t_draft + t_verify), alpha_tf = the teacher-forced alpha of '
            'results/alpha_demo.json (the fit when absent). Ideal = measured tokens/call * '

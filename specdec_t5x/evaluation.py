@@ -264,11 +264,15 @@ def _rows(ar: Decoder, decs: Dict[int, Decoder], med: Dict[str, float], name: st
     t_v = cost[f't_verify_{g + 1}']
     fit = alpha_from_tokens_per_call(tpc, g)
     ideal = float(theory.ideal_speedup(min(max(tpc, 1.0), g + 1), g, t_d, t_t, t_v))
-    measured = med['ar'] / med[f'{name}_g{g}']
+    # Per generated token: when sampling, speculative and AR outputs differ in length.
+    ar_tokens, spec_tokens = float(ar.stats['generated_tokens'].sum()), float(
+        s['generated_tokens'].sum())
+    measured = (med['ar'] / ar_tokens) / (med[f'{name}_g{g}'] / spec_tokens)
     e2e = None
     if 't_prefill_target' in cost:
       e2e = ideal_end_to_end(len(dec.enc), float(ar.stats['target_calls'].sum()),
-                             float(s['target_calls'].sum()), g, cost, name)
+                             float(s['target_calls'].sum()), g, cost, name) * (
+                                 spec_tokens / ar_tokens)
     rows.append({
         'gamma': g, 'alpha_empirical': float(s['accepted_tokens'].sum() /
                                              max(1, s['drafted_tokens'].sum())),
@@ -281,6 +285,7 @@ def _rows(ar: Decoder, decs: Dict[int, Decoder], med: Dict[str, float], name: st
         'efficiency_end_to_end': None if e2e is None else measured / e2e,
         'speedup_theory': float(theory.walltime_improvement_measured(
             fit if alpha is None else alpha, g, t_d, t_t, t_v)),
+        'time_ratio': med['ar'] / med[f'{name}_g{g}'],
         'same_tokens_as_ar': int(sum(np.array_equal(a, b) for a, b in
                                      zip(ar.tokens, dec.tokens))),
         'spec_seconds_median': med[f'{name}_g{g}']})
@@ -318,7 +323,8 @@ def sweep(target: ModelAndParams, drafts_: Dict[str, ModelAndParams], enc: np.nd
   """Times AR and speculative decoding with every draft and gamma, interleaved in one loop.
 
   `cost` holds the call costs (see `costs`). Returns, per draft, per-gamma rows: measured
-  speedup (median AR / median speculative), alpha (accepted/drafted and the i.i.d. fit to
+  speedup (median AR seconds per generated token / median speculative seconds per generated
+  token: equal to the time ratio when greedy; when sampling the outputs differ), alpha (accepted/drafted and the i.i.d. fit to
   tokens per call), alpha per draft position, the ideal speedup from measured tokens per
   call and call costs, efficiency = measured / ideal, theory's prediction; and the gamma
   theory.best_gamma_measured chooses from alpha and the call costs. `alphas[name]` (e.g.
