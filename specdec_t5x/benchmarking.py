@@ -52,21 +52,35 @@ def _repeated_extend(module, num_tokens: int, num_calls: int, cache_len: int):
   return jax.jit(run)
 
 
+def call_costs(specs: Dict[str, tuple], enc, num_calls: int = 32, repeats: int = 5,
+               cache_len: int = 0) -> Dict[str, float]:
+  """Median seconds of ONE cached decoder call, for several (module, params, num_tokens).
+
+  Each is measured as (time of num_calls calls - time of 0 calls) / num_calls, so the
+  encoder and cache set-up cancel. The repeats are interleaved across all `specs`, so a
+  drift in machine speed moves every cost alike and their ratios (c, t_verify / t_target)
+  stay comparable. `cache_len`: the cache's slots (0: just enough); give the decode's own
+  (max_len + gamma + 1) to include attention over the whole cache.
+  """
+  fns = {}
+  for name, (module, params, num_tokens) in specs.items():
+    length = max(cache_len, num_calls + num_tokens + 1)
+    many = _repeated_extend(module, num_tokens, num_calls, length)
+    none = _repeated_extend(module, num_tokens, 0, length)
+    block(many(params, enc)), block(none(params, enc))  # compile
+    fns[name] = (many, none, params)
+  diffs: Dict[str, List[float]] = {name: [] for name in specs}
+  for _ in range(repeats):
+    for name, (many, none, params) in fns.items():
+      diffs[name].append(wall(lambda: many(params, enc)) - wall(lambda: none(params, enc)))
+  return {name: max(statistics.median(d), 1e-9) / num_calls for name, d in diffs.items()}
+
+
 def call_cost(module, params, enc, num_tokens: int, num_calls: int = 32, repeats: int = 5,
               cache_len: int = 0) -> float:
-  """Median seconds of ONE cached decoder call over `num_tokens` new tokens.
-
-  Measured as (time of num_calls calls - time of 0 calls) / num_calls, so the encoder and
-  cache set-up are excluded. `cache_len`: the cache's slots (0: just enough); give the
-  decode's own (max_len + gamma + 1) to include attention over the whole cache.
-  """
-  cache_len = max(cache_len, num_calls + num_tokens + 1)
-  many = _repeated_extend(module, num_tokens, num_calls, cache_len)
-  none = _repeated_extend(module, num_tokens, 0, cache_len)
-  block(many(params, enc)), block(none(params, enc))  # compile
-  diffs = [wall(lambda: many(params, enc)) - wall(lambda: none(params, enc))
-           for _ in range(repeats)]
-  return max(statistics.median(diffs), 1e-9) / num_calls
+  """Median seconds of ONE cached decoder call over `num_tokens` new tokens (call_costs)."""
+  return call_costs({'cost': (module, params, num_tokens)}, enc, num_calls, repeats,
+                    cache_len)['cost']
 
 
 def prefill_cost(module, params, enc, cache_len: int, repeats: int = 5) -> float:

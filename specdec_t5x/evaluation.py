@@ -13,7 +13,7 @@ import glob
 import json
 import os
 import statistics
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -218,24 +218,24 @@ class Decoder:
 
 
 def costs(target: ModelAndParams, drafts_: Dict[str, ModelAndParams], enc: np.ndarray,
-          gammas: Sequence[int], num_calls: int = 16, repeats: int = 5,
+          gammas: Sequence[int], num_calls: int = 32, repeats: int = 7,
           max_len: int = 0) -> Dict[str, float]:
   """Seconds per call (benchmarking.call_cost): t_target_step, t_draft_step_{name},
   t_verify_{g+1}; and per sequence (prefill_cost): t_prefill_target, t_prefill_draft_{name}.
 
-  With `max_len`, caches have the decode's own size (max_len + max gamma + 1).
+  With `max_len`, caches have the decode's own size (max_len + max gamma + 1). The call
+  costs' repeats are interleaved (benchmarking.call_costs).
   """
   enc = jnp.asarray(enc[:1])
   cache_len = max_len + max(gammas) + 1 if max_len else 0
-  cost = lambda model, k: benchmarking.call_cost(*model, enc, k, num_calls, repeats, cache_len)
-  out = {'t_target_step': cost(target, 1),
-         't_prefill_target': benchmarking.prefill_cost(*target, enc, max(cache_len, 2), repeats)}
+  specs = {'t_target_step': (*target, 1)}
+  specs.update({f't_draft_step_{name}': (*draft, 1) for name, draft in drafts_.items()})
+  specs.update({f't_verify_{g + 1}': (*target, g + 1) for g in gammas})
+  out = benchmarking.call_costs(specs, enc, num_calls, repeats, cache_len)
+  out['t_prefill_target'] = benchmarking.prefill_cost(*target, enc, max(cache_len, 2), repeats)
   for name, draft in drafts_.items():
-    out[f't_draft_step_{name}'] = cost(draft, 1)
     out[f't_prefill_draft_{name}'] = benchmarking.prefill_cost(*draft, enc, max(cache_len, 2),
                                                                repeats)
-  for g in gammas:
-    out[f't_verify_{g + 1}'] = cost(target, g + 1)
   return out
 
 

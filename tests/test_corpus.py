@@ -222,6 +222,6 @@ def test_apt_config_and_missing_tools(tmp_path, monkeypatch):
   assert '#clear Acquire::Languages;' in conf and '"en"; "de";' in conf
   assert f'Dir::State::Lists "{tmp_path.resolve()}/lists"' in conf
   assert 'bookworm main' in (tmp_path / 'sources.list').read_text()
-  monkeypatch.setattr(corpus, 'REQUIRED_TOOLS', ('no-such-tool-xyz',))
+  monkeypatch.setattr(corpus_build, 'REQUIRED_TOOLS', ('no-such-tool-xyz',))
   with pytest.raises(RuntimeError, match='no-such-tool-xyz'):
     corpus_build.check_tools()
