@@ -29,6 +29,7 @@ setup(
     ],
     extras_require={
         # torch is pinned to the CPU build: an unpinned torch pulls a multi-GB CUDA build.
-        "test": ["pytest", "scipy", "torch==2.13.0", "transformers", "safetensors"],
+        # pytest-xdist: the suite runs on both cores (-n 2), ~8 instead of ~11 minutes.
+        "test": ["pytest", "pytest-xdist", "scipy", "torch==2.13.0", "transformers", "safetensors"],
     },
 )

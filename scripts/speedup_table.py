@@ -45,7 +45,8 @@ def run_demo(args, gammas):
   for task in task_names:
     enc = evaluation.pad_batch([e.inputs for e in examples[task]], enc_len)
     drafts = {name: evaluation.load_model(name, task) for name in args.drafts.split(',')}
-    cost = evaluation.costs(target, drafts, enc, gammas, max_len=args.max_len)
+    cost = evaluation.costs(target, drafts, enc, gammas, args.cost_calls, args.cost_repeats,
+                             max_len=args.max_len)
     bar.update(1)
     for temp in args.temperatures:
       cfg = sampling.SamplingConfig(temp)
@@ -67,7 +68,8 @@ def run_gin(args, gammas):
   drafts = {str(name).rstrip('/').split('/')[-2] if '/' in str(name) else str(name): run['draft']}
   gammas = gammas or [run['model'].gamma]
   bar = tqdm(total=2, desc='speedup', unit='step')
-  cost = evaluation.costs(run['target'], drafts, run['enc'], gammas, max_len=run['max_len'])
+  cost = evaluation.costs(run['target'], drafts, run['enc'], gammas, args.cost_calls,
+                         args.cost_repeats, max_len=run['max_len'])
   bar.update(1)
   res = evaluation.sweep(run['target'], drafts, run['enc'], run['max_len'], gammas, run['cfg'],
                          cost, args.repeats, args.seed, run['eos_id'])
@@ -167,6 +169,8 @@ def main(argv=None):
   ap.add_argument('--num_examples', type=int, default=20)
   ap.add_argument('--max_len', type=int, default=64)
   ap.add_argument('--repeats', type=int, default=3)
+  ap.add_argument('--cost_calls', type=int, default=32, help='decoder calls per cost timing')
+  ap.add_argument('--cost_repeats', type=int, default=7, help='interleaved cost repeats')
   ap.add_argument('--seed', type=int, default=0)
   ap.add_argument('--alpha_json', default='results/alpha_demo.json',
                   help='measure_alpha output; its alpha drives theory (else: fit)')

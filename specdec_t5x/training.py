@@ -203,7 +203,7 @@ def loss_fn(params: Params, model: Transformer, batch: Batch, z_loss: float,
   lse = jax.nn.logsumexp(logits, axis=-1)  # [batch, len]
   ce = lse - jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
   per_token = ce
-  if teacher_logits is not None and kd_weight > 0:
+  if teacher_logits is not None:
     teacher = jax.nn.log_softmax(jax.lax.stop_gradient(teacher_logits).astype(jnp.float32))
     log_q = logits.astype(jnp.float32) - lse[..., None]
     kl = jnp.sum(jnp.exp(teacher) * (teacher - log_q), axis=-1)  # [batch, len]

@@ -104,7 +104,7 @@ def test_sweep_rows(models):
 
 def test_costs_measure_calls_and_prefill_separately(models):
   target, draft, enc = models
-  cost = evaluation.costs(target, {'d': draft}, enc, [2], num_calls=4, repeats=3, max_len=8)
+  cost = evaluation.costs(target, {'d': draft}, enc, [2], num_calls=2, repeats=1, max_len=8)
   assert set(cost) == {'t_target_step', 't_prefill_target', 't_draft_step_d',
                        't_prefill_draft_d', 't_verify_3'}
   assert all(v > 0 for v in cost.values())
@@ -134,7 +134,8 @@ def test_speedup_table_runs_a_paper_row_config(env, tmp_path):
   out = tmp_path / 'speedup'
   flags = [f for f in _flags(env, None, output_dir=False)]
   result = _script('speedup_table').main(
-      flags + ['--gammas', '1,2', '--num_examples', '2', '--repeats', '1', '--out', str(out)])
+      flags + ['--gammas', '1,2', '--num_examples', '2', '--repeats', '1', '--cost_calls', '2',
+               '--cost_repeats', '1', '--out', str(out)])
   (group,) = result['groups']
   assert group['task'] == 'specdec_wmt_t2t_ende_v003' and group['temperature'] == 0.0
   (draft,) = group['drafts'].values()
