@@ -18,10 +18,8 @@ IFS=, read -r T_SEC M_SEC S_SEC KM_SEC KS_SEC <<< "${2:-190,100,55,190,45}"
 STAGES=${STAGES:-target,data,seqkd,tokkd}
 DATA=${DATA:-data/corpus/npz}  # Env overrides, for a CPU smoke run on a slice.
 TARGET_BATCH=${TARGET_BATCH:-512} DRAFT_BATCH=${DRAFT_BATCH:-256} DISTILL_BATCH=${DISTILL_BATCH:-2048}
-latest() {  # the newest checkpoint of model $1: the export's if written, else the committed one
-  local d=$EXPORT/$1; [ -d "$d" ] || d=checkpoints/demo/$1
-  ls -d "$d"/checkpoint_*/checkpoint | sed 's#/checkpoint$##' | sort -t_ -k2 -n | tail -1
-}
+# The export's model when an earlier stage wrote it, else the committed one; its highest
+# complete checkpoint_<step> is what --init_from / --teacher / --target load.
 model_dir() { [ -d "$EXPORT/$1" ] && echo "$EXPORT/$1" || echo "checkpoints/demo/$1"; }
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
 
@@ -30,7 +28,7 @@ if has target; then
     --workdir runs/distill/demo_target --steps auto --max_seconds "$T_SEC" \
     --batch_size $TARGET_BATCH --learning_rate 6e-4 --warmup_steps 200 --dtype bfloat16 \
     --eval_every 1000 --save_every 100000 --no_progress \
-    --init_from "$(latest demo_target)" --final_export "$EXPORT"
+    --init_from "$(model_dir demo_target)" --final_export "$EXPORT"
 fi
 if has data; then
   python3 scripts/distill_data.py --target "$(model_dir demo_target)" --data $DATA \
@@ -41,7 +39,7 @@ if has seqkd; then
     --workdir runs/distill --steps auto --max_seconds "$M_SEC,$S_SEC" \
     --batch_size $DRAFT_BATCH --learning_rate 1e-3,2e-3 --warmup_steps 100 --dtype bfloat16 \
     --eval_every 500 --save_every 100000 --no_progress \
-    --init_from "$(latest demo_draft_m),$(latest demo_draft_s)" --final_export "$EXPORT"
+    --init_from "$(model_dir demo_draft_m),$(model_dir demo_draft_s)" --final_export "$EXPORT"
 fi
 if has tokkd; then
   python3 scripts/train.py --model demo_draft_m,demo_draft_s --data data/corpus/distill_npz \
@@ -49,5 +47,5 @@ if has tokkd; then
     --batch_size $DRAFT_BATCH --learning_rate 5e-4,1e-3 --warmup_steps 100 --dtype bfloat16 \
     --eval_every 500 --save_every 100000 --no_progress \
     --teacher "$(model_dir demo_target)" --kd_weight 0.5 \
-    --init_from "$(latest demo_draft_m),$(latest demo_draft_s)" --final_export "$EXPORT"
+    --init_from "$(model_dir demo_draft_m),$(model_dir demo_draft_s)" --final_export "$EXPORT"
 fi

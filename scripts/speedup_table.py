@@ -78,9 +78,9 @@ def run_gin(args, gammas):
   return [{'task': run['task'], 'temperature': run['cfg'].temperature, 'costs_s': cost, **res}]
 
 
-def _fmt(row, unit: str) -> str:
-  key = 'speedup_ideal_end_to_end' if unit else 'efficiency_end_to_end'
-  return '-' if row.get(key) is None else f'{row[key]:.2f}{unit}'
+def _fmt(value, unit: str = '') -> str:
+  """A ratio with 2 decimals, or '-' when not measured (no prefill costs)."""
+  return '-' if value is None else f'{value:.2f}{unit}'
 
 
 def render(result) -> str:
@@ -109,8 +109,9 @@ def render(result) -> str:
             f"| {grp['task']} | {name} | {grp['temperature']:g} | {r['gamma']} | "
             f"{r['alpha_iid_fit']:.2f} ({r['alpha_empirical']:.2f}) | "
             f"{r['speedup_measured']:.2f}x | {r['speedup_theory']:.2f}x | "
-            f"{r['speedup_ideal']:.2f}x | {r['efficiency']:.2f} | {_fmt(r, 'x')} | "
-            f"{_fmt(r, '')} | {r['tokens_per_target_call']:.2f} | {d['c']:.3f} | {mark} |")
+            f"{r['speedup_ideal']:.2f}x | {r['efficiency']:.2f} | "
+            f"{_fmt(r.get('speedup_ideal_end_to_end'), 'x')} | "
+            f"{_fmt(r.get('efficiency_end_to_end'))} | {r['tokens_per_target_call']:.2f} | {d['c']:.3f} | {mark} |")
   lines += ['', '| Task | Draft | Temp | alpha for theory | chosen gamma | best measured gamma '
             '| speed at chosen | best speed | within 10% |',
             '|---|---|---|---|---|---|---|---|---|']

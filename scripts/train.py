@@ -77,7 +77,8 @@ def parse(argv=None) -> argparse.Namespace:
   p.add_argument('--seed', type=int, default=0)
   p.add_argument('--final_export', default='', help='write bf16 params to DIR/<model>/')
   p.add_argument('--init_from', default='none',
-                 help='per model: checkpoint dir whose params start a fresh run (fine-tuning)')
+                 help='per model: checkpoint dir (or its parent: the highest step) whose params '
+                      'start a fresh run (fine-tuning)')
   p.add_argument('--teacher', default='',
                  help='model dir (config.json + checkpoint_*): token-level KD from its logits')
   p.add_argument('--kd_weight', type=float, default=0.5, help='weight of KL(teacher || model)')

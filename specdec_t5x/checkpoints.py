@@ -280,6 +280,13 @@ def _read_orbax(directory: str) -> dict[Path, np.ndarray]:
 # ------------------------------------------------------------------------- load
 
 
+def _holds_checkpoint(directory: str) -> bool:
+  """A checkpoint_<step> dir that finished writing: a native `checkpoint` file, T5X's
+  Orbax `state/` item, or Orbax PyTree files (an interrupted or emptied one is skipped)."""
+  return os.path.isdir(directory) and any(
+      os.path.exists(os.path.join(directory, m)) for m in ('checkpoint', 'state') + _ORBAX)
+
+
 def _read_any(path: str) -> dict[Path, np.ndarray]:
   """Dispatches on what `path` holds: msgpack file, native dir, Orbax dir, or a parent."""
   if os.path.isfile(path):
@@ -295,7 +302,7 @@ def _read_any(path: str) -> dict[Path, np.ndarray]:
   if item_dir == state_dir or any(os.path.exists(os.path.join(path, m)) for m in _ORBAX):
     return _read_orbax(item_dir)
   steps = [(int(m.group(1)), name) for name in os.listdir(path)
-           if (m := _STEP_DIR.match(name)) and os.path.isdir(os.path.join(path, name))]
+           if (m := _STEP_DIR.match(name)) and _holds_checkpoint(os.path.join(path, name))]
   if not steps:
     raise FileNotFoundError(
         f'No T5X checkpoint in {path}: it has no `checkpoint` file, no Orbax `state/` item '
@@ -309,7 +316,7 @@ def load_params(path: str, dtype: Any = None, config: Any = None) -> Params:
   `path` may be a `checkpoint_<step>` directory (native msgpack+zarr, or Orbax with a
   `state/` item), its `checkpoint` msgpack file, a bare Orbax PyTree directory with params
   under 'target' or 'params', or a parent directory holding `checkpoint_<step>`
-  directories, in which case the highest step is loaded.
+  directories, in which case the highest step that holds a checkpoint is loaded.
 
   Args:
     path: where the checkpoint is (local filesystem).

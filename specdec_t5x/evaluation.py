@@ -9,8 +9,6 @@ and times autoregressive vs speculative decoding at batch size 1 (shared/DESIGN.
 from __future__ import annotations
 
 import dataclasses
-import glob
-import json
 import os
 import statistics
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -19,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import api, benchmarking, checkpoints, drafts, network, sampling, theory
+from specdec_t5x import api, benchmarking, drafts, network, sampling, theory, training
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO_DIR = os.path.join(REPO_ROOT, 'checkpoints', 'demo')
@@ -33,30 +31,13 @@ ModelAndParams = Tuple[Any, Any]
 # ------------------------------------------------------------------ loading
 
 
-def demo_config(name: str, root: str = DEMO_DIR) -> network.T5Config:
-  """T5Config of a demo model from its config.json, as float32 with no dropout."""
-  with open(os.path.join(root, name, 'config.json')) as f:
-    fields = json.load(f)
-  fields = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
-  return network.T5Config(**dict(fields, dtype='float32', dropout_rate=0.0))
-
-
-def demo_checkpoint(name: str, root: str = DEMO_DIR) -> str:
-  """The highest-step checkpoint_* directory of a demo model."""
-  dirs = glob.glob(os.path.join(root, name, 'checkpoint_*'))
-  if not dirs:
-    raise FileNotFoundError(f'No checkpoint_* directory under {os.path.join(root, name)}.')
-  return max(dirs, key=lambda d: int(d.rsplit('_', 1)[1]))
-
-
 def load_model(name: str, task: str = 'ende', root: str = DEMO_DIR) -> ModelAndParams:
-  """(module, params) of a demo model, or of the task's n-gram draft ('unigram'/'bigram')."""
+  """(module, float32 params) of a demo model (training.load_exported of root/name), or
+  of the task's n-gram draft ('unigram'/'bigram')."""
   if name in NGRAMS:
     return drafts.load_ngram(os.path.join(root, f'{name}_{task}.npz'))
-  config = demo_config(name, root)
-  params = checkpoints.load_params(demo_checkpoint(name, root), dtype=jnp.float32,
-                                   config=config)
-  return network.Transformer(config), jax.tree_util.tree_map(jnp.asarray, params)
+  config, params = training.load_exported(os.path.join(root, name))
+  return network.Transformer(config), params
 
 
 @dataclasses.dataclass

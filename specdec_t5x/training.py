@@ -31,8 +31,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import tqdm
-from flax import serialization, traverse_util
+from flax import serialization
 
+from specdec_t5x import api
 from specdec_t5x.checkpoints import load_params, save_params
 from specdec_t5x.network import T5Config, Transformer
 
@@ -328,17 +329,13 @@ def export_params(params: Params, out_dir: str, model_cfg: T5Config, step: int) 
 
 
 def load_exported(model_dir: str, dtype: Any = jnp.float32) -> tuple[T5Config, Params]:
-  """(config with no dropout, float32 params) of an `export_params` dir's latest checkpoint."""
+  """(config with no dropout, float32 params) of an `export_params` dir: its config.json
+  and its highest-step checkpoint (checkpoints.load_params on the parent directory)."""
   with open(os.path.join(model_dir, 'config.json')) as f:
     fields = json.load(f)
   fields = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
   config = T5Config(**dict(fields, dtype=jnp.dtype(dtype), dropout_rate=0.0))
-  dirs = [d for d in glob.glob(os.path.join(model_dir, 'checkpoint_*'))
-          if os.path.isfile(os.path.join(d, 'checkpoint'))]
-  if not dirs:
-    raise FileNotFoundError(f'No checkpoint_*/checkpoint under {model_dir}.')
-  path = max(dirs, key=lambda d: int(d.rsplit('_', 1)[1]))
-  params = load_params(path, dtype=jnp.float32, config=config)
+  params = load_params(model_dir, dtype=jnp.float32, config=config)
   return config, jax.tree_util.tree_map(jnp.asarray, params)
 
 
@@ -365,21 +362,18 @@ def _start(workdir: str, model_cfg: T5Config, cfg: TrainConfig, tx, num_tasks: i
   if step:
     params, opt_state, state = restore_checkpoint(workdir, step, opt_state, state)
   elif cfg.init_from:
-    params = init_params_from(cfg.init_from, params)
+    params = init_params_from(cfg.init_from, model_cfg)
     opt_state = tx.init(params)
   return params, opt_state, state, step
 
 
-def init_params_from(path: str, template: Params) -> Params:
-  """float32 params of checkpoint `path`, which must match `template`'s tree and shapes."""
-  loaded = load_params(path, dtype=jnp.float32)
-  want = {k: np.shape(v) for k, v in traverse_util.flatten_dict(template, sep='/').items()}
-  got = {k: np.shape(v) for k, v in traverse_util.flatten_dict(loaded, sep='/').items()}
-  if want != got:
-    diff = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
-    raise ValueError(f'init_from {path} does not match the model: {diff[:5]} differ '
-                     f'(model {[want.get(k) for k in diff[:5]]}, '
-                     f'checkpoint {[got.get(k) for k in diff[:5]]}).')
+def init_params_from(path: str, model_cfg: T5Config) -> Params:
+  """float32 params of checkpoint `path` (a checkpoint_<step> dir or its parent), which
+  must match `model_cfg`'s tree and shapes (checkpoints.validate_params)."""
+  try:
+    loaded = load_params(path, dtype=jnp.float32, config=model_cfg)
+  except ValueError as e:
+    raise ValueError(f'init_from {path} does not match the model: {e}') from e
   return jax.tree_util.tree_map(jnp.asarray, loaded)
 
 
@@ -391,7 +385,6 @@ def distill_targets(model: Transformer, params: Params, inputs: np.ndarray, max_
   target's own greedy outputs learns the target's mode, which is what raises alpha.
   Rows keep their EOS (1) when the target emitted one within max_len.
   """
-  from specdec_t5x import api  # pylint: disable=g-import-not-at-top
   out = np.zeros((len(inputs), max_len), np.int32)  # [N, max_len]
   for s in tqdm.tqdm(range(0, len(inputs), batch_size), disable=not progress, desc='distill'):
     rows = inputs[s:s + batch_size]

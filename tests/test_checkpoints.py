@@ -177,6 +177,15 @@ def test_parent_directory_loads_latest_step(tmp_path):
   assert_trees_equal(checkpoints.load_params(tmp_path), random_params(seed=2))
 
 
+def test_parent_directory_skips_step_dirs_without_a_checkpoint(tmp_path):
+  checkpoints.save_params(random_params(seed=1), tmp_path / 'checkpoint_2', step=2)
+  (tmp_path / 'checkpoint_10').mkdir()  # interrupted write, or files removed
+  assert_trees_equal(checkpoints.load_params(tmp_path), random_params(seed=1))
+  (tmp_path / 'checkpoint_2' / 'checkpoint').unlink()
+  with pytest.raises(FileNotFoundError, match='no checkpoint_<step> subdirectory'):
+    checkpoints.load_params(tmp_path)
+
+
 def test_orbax_checkpoint_manager_as_t5x_saves(tmp_path):
   """T5X's Orbax path: CheckpointManager, item 'state', step prefix 'checkpoint'."""
   ocp = pytest.importorskip('orbax.checkpoint')
