@@ -184,13 +184,36 @@ def _is_spec(node: Any) -> bool:
 
 
 def _local_spec(spec: Mapping[str, Any], ckpt_dir: str) -> dict[str, Any]:
-  """Turns a stored spec (relative path, any kvstore driver) into a local file spec."""
+  """Turns a stored spec (relative path, any kvstore driver) into a local file spec.
+
+  Only arrays inside the checkpoint directory are read: T5X writes paths relative to it,
+  so an absolute path or one climbing out with '..' means a damaged or hostile file.
+  A chunk file missing from an array whose fill value is null (as T5X and `save_params`
+  write every chunk) is an error rather than zeros: it is what an interrupted copy leaves.
+  """
   kvstore = spec.get('kvstore') or {}
   rel = kvstore['path'] if 'path' in kvstore else spec.get('path')
   if rel is None:
     raise ValueError(f'tensorstore spec without a path: {spec}')
-  return {'driver': spec['driver'],
-          'kvstore': {'driver': 'file', 'path': os.path.join(ckpt_dir, rel)}}
+  root = os.path.abspath(ckpt_dir)
+  full = os.path.normpath(os.path.join(root, rel))
+  if os.path.isabs(rel) or os.path.commonpath([root, full]) != root or full == root:
+    raise ValueError(f'array path {rel!r} is not inside the checkpoint directory {root}: '
+                     'only arrays stored in the checkpoint are read (re-export the '
+                     'checkpoint, or copy the arrays into it with relative paths).')
+  out = {'driver': spec['driver'], 'kvstore': {'driver': 'file', 'path': full}}
+  if spec['driver'] in ('zarr', 'n5') and _zarr_fill_value(full) is None:
+    out['fill_missing_data_reads'] = False
+  return out
+
+
+def _zarr_fill_value(array_dir: str) -> Any:
+  """The fill value recorded in a zarr array's `.zarray` (None: null, or unreadable)."""
+  try:
+    with open(os.path.join(array_dir, '.zarray'), encoding='utf-8') as f:
+      return json.load(f).get('fill_value')
+  except (OSError, ValueError):
+    return None
 
 
 def _load_msgpack(file: str) -> dict[str, Any]:
@@ -221,9 +244,12 @@ def _read_native(contents: Mapping[str, Any], file: str) -> dict[Path, np.ndarra
     state = state[key]
   flat = traverse_util.flatten_dict(state, is_leaf=lambda _, node: _is_spec(node))
   ckpt_dir = os.path.dirname(file)
+  key = None
   try:
-    pending = {key: (leaf, ts.open(_local_spec(leaf, ckpt_dir), read=True).result().read())
-               for key, leaf in flat.items() if _is_spec(leaf)}
+    pending = {}
+    for key, leaf in flat.items():
+      if _is_spec(leaf):
+        pending[key] = (leaf, ts.open(_local_spec(leaf, ckpt_dir), read=True).result().read())
     for key, (spec, future) in pending.items():
       arr = future.result()
       shape = tuple(spec.get('metadata', {}).get('shape', arr.shape))
@@ -233,7 +259,10 @@ def _read_native(contents: Mapping[str, Any], file: str) -> dict[Path, np.ndarra
         arr = arr.view(jnp.bfloat16)
       flat[key] = arr
   except Exception as e:
-    raise ValueError(f'{where}: {type(e).__name__}: {e}') from e
+    param = f" (parameter '{'/'.join(key)}')" if key else ''
+    hint = (' The checkpoint is incomplete (an interrupted copy?): copy it again.'
+            if 'is missing' in str(e) else '')
+    raise ValueError(f'{where}{param}: {type(e).__name__}: {e}.{hint}') from e
   return {k: np.asarray(v) for k, v in flat.items()}
 
 
