@@ -28,7 +28,8 @@ if has target; then
     --workdir runs/distill/demo_target --steps auto --max_seconds "$T_SEC" \
     --batch_size $TARGET_BATCH --learning_rate 6e-4 --warmup_steps 200 --dtype bfloat16 \
     --eval_every 1000 --save_every 100000 --no_progress \
-    --init_from "$(model_dir demo_target)" --final_export "$EXPORT"
+    --init_from "$(model_dir demo_target)" --final_export "$EXPORT" \
+    --vocab data/vocab/demo_spm.model
 fi
 if has data; then
   python3 scripts/distill_data.py --target "$(model_dir demo_target)" --data $DATA \
@@ -39,7 +40,8 @@ if has seqkd; then
     --workdir runs/distill --steps auto --max_seconds "$M_SEC,$S_SEC" \
     --batch_size $DRAFT_BATCH --learning_rate 1e-3,2e-3 --warmup_steps 100 --dtype bfloat16 \
     --eval_every 500 --save_every 100000 --no_progress \
-    --init_from "$(model_dir demo_draft_m),$(model_dir demo_draft_s)" --final_export "$EXPORT"
+    --init_from "$(model_dir demo_draft_m),$(model_dir demo_draft_s)" --final_export "$EXPORT" \
+    --vocab data/vocab/demo_spm.model
 fi
 if has tokkd; then
   python3 scripts/train.py --model demo_draft_m,demo_draft_s --data data/corpus/distill_npz \
@@ -47,5 +49,6 @@ if has tokkd; then
     --batch_size $DRAFT_BATCH --learning_rate 5e-4,1e-3 --warmup_steps 100 --dtype bfloat16 \
     --eval_every 500 --save_every 100000 --no_progress \
     --teacher "$(model_dir demo_target)" --kd_weight 0.5 \
-    --init_from "$(model_dir demo_draft_m),$(model_dir demo_draft_s)" --final_export "$EXPORT"
+    --init_from "$(model_dir demo_draft_m),$(model_dir demo_draft_s)" --final_export "$EXPORT" \
+    --vocab data/vocab/demo_spm.model
 fi

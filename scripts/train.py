@@ -83,6 +83,11 @@ def parse(argv=None) -> argparse.Namespace:
                  help='model dir (config.json + checkpoint_*): token-level KD from its logits')
   p.add_argument('--kd_weight', type=float, default=0.5, help='weight of KL(teacher || model)')
   p.add_argument('--no_progress', action='store_true', help='no tqdm bar')
+  p.add_argument('--vocab', default='',
+                 help='SentencePiece model the data was tokenized with: recorded as '
+                      'vocabulary.json next to the --final_export (checked by infer)')
+  p.add_argument('--allow_changed_config', action='store_true',
+                 help="resume a workdir although hyperparameters differ from its config.json")
   return p.parse_args(argv)
 
 
@@ -106,10 +111,12 @@ def main(argv=None) -> list:
         init_from=init_from[i], teacher=args.teacher or None, kd_weight=args.kd_weight)
     workdir = args.workdir if n == 1 else os.path.join(args.workdir, name)
     params, summary = training.train(model_cfg, args.data, workdir, cfg,
-                                     progress=not args.no_progress)
+                                     progress=not args.no_progress,
+                                     allow_changed_config=args.allow_changed_config)
     if args.final_export:
       summary['export'] = training.export_params(
-          params, os.path.join(args.final_export, name), model_cfg, summary['step'])
+          params, os.path.join(args.final_export, name), model_cfg, summary['step'],
+          vocab_path=args.vocab or None)
     summaries.append({'model': name, 'params': training.num_params(params), **summary})
     print(json.dumps(summaries[-1]), flush=True)
   return summaries

@@ -11,4 +11,5 @@ BUDGETS=${2:-300,110,70}
 python3 scripts/train.py --model demo_target,demo_draft_m,demo_draft_s \
   --data data/corpus/npz --workdir runs/demo --steps auto --max_seconds "$BUDGETS" \
   --batch_size 256 --learning_rate 2e-3,3e-3,5e-3 --dtype bfloat16 --warmup_steps 300 \
-  --eval_every 400 --save_every 100000 --no_progress --final_export "$OUT"
+  --eval_every 400 --save_every 100000 --no_progress --final_export "$OUT" \
+  --vocab data/vocab/demo_spm.model

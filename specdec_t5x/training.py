@@ -33,7 +33,7 @@ import optax
 import tqdm
 from flax import serialization
 
-from specdec_t5x import api
+from specdec_t5x import api, vocab_check
 from specdec_t5x.checkpoints import load_params, save_params
 from specdec_t5x.network import T5Config, Transformer
 
@@ -320,11 +320,15 @@ def restore_checkpoint(workdir: str, step: int, opt_state: Any, extra: Mapping[s
   return params, jax.tree_util.tree_map(jnp.asarray, state.pop('opt_state')), state
 
 
-def export_params(params: Params, out_dir: str, model_cfg: T5Config, step: int) -> str:
-  """Final params in bfloat16 as `out_dir/checkpoint_<step>` plus `out_dir/config.json`."""
+def export_params(params: Params, out_dir: str, model_cfg: T5Config, step: int,
+                  vocab_path: Optional[str] = None) -> str:
+  """Final params in bfloat16 as `out_dir/checkpoint_<step>` plus `out_dir/config.json`
+  (and `out_dir/vocabulary.json` recording `vocab_path`, see vocab_check)."""
   path = save_params(jax.device_get(params), f'{out_dir}/checkpoint_{step}', step=step,
                      dtype=jnp.bfloat16, overwrite=True)
   _write_atomic(f'{out_dir}/config.json', json.dumps(config_to_dict(model_cfg)).encode())
+  if vocab_path:
+    vocab_check.record_vocabulary(out_dir, vocab_path)
   return path
 
 
@@ -344,14 +348,72 @@ def _synced_time(x: Any) -> float:
   return time.time()
 
 
-def _start(workdir: str, model_cfg: T5Config, cfg: TrainConfig, tx, num_tasks: int):
-  """(params, opt_state, state, step): restored from the latest checkpoint, or fresh."""
+# TrainConfig fields a resumed run may change: they stop, save, log or evaluate the run
+# but do not change its parameters (`steps` does, through the cosine schedule).
+_RUN_CONTROL = ('max_seconds', 'save_every', 'eval_every', 'log_every', 'num_val_examples',
+                'keep', 'init_from')
+
+
+def changed_settings(saved: Mapping[str, Any], cfg: TrainConfig) -> list[str]:
+  """TrainConfig fields that differ from a workdir's saved `train` config and would change
+  the resumed parameters (run-control fields and `steps` under rsqrt excepted)."""
+  now = json.loads(json.dumps(dataclasses.asdict(cfg)))
+  free = _RUN_CONTROL + (('steps',) if cfg.schedule == 'rsqrt' else ())
+  return sorted(k for k in now if k not in free and k in saved and saved[k] != now[k])
+
+
+def _clean_orphans(workdir: str) -> None:
+  """Removes what a kill mid-save leaves: `checkpoint_N.tmp-*` dirs and `*.tmp-<pid>` files."""
+  for path in glob.glob(os.path.join(glob.escape(workdir), '*.tmp-*')):
+    if os.path.isdir(path):
+      shutil.rmtree(path, ignore_errors=True)
+    else:
+      os.remove(path)
+
+
+def _truncate_log(workdir: str, step: int) -> None:
+  """Drops log.jsonl records past `step` (logged after the last save, so redone on resume)
+  and a last line cut by a kill, so a resumed run never duplicates a step's records."""
+  path = f'{workdir}/log.jsonl'
+  if not os.path.isfile(path):
+    return
+  kept = []
+  with open(path, encoding='utf-8') as f:
+    for line in f:
+      try:
+        record = json.loads(line)
+      except ValueError:
+        continue
+      if record.get('step', 0) <= step:
+        kept.append(json.dumps(record) + '\n')
+  _write_atomic(path, ''.join(kept).encode())
+
+
+def _start(workdir: str, model_cfg: T5Config, cfg: TrainConfig, tx, num_tasks: int,
+           allow_changed_config: bool = False):
+  """(params, opt_state, state, step): restored from the latest checkpoint, or fresh.
+
+  Refuses (before config.json is touched) a resume whose model or whose hyperparameters
+  differ from the saved config.json, unless `allow_changed_config`.
+  """
   path, model = f'{workdir}/config.json', config_to_dict(model_cfg)
+  resuming = latest_step(workdir)
   if os.path.isfile(path):
     with open(path) as f:
-      if json.load(f)['model'] != model:
-        raise ValueError(f'{workdir} holds a different model than {model}')
+      saved = json.load(f)
+    if saved['model'] != model:
+      raise ValueError(f'{workdir} holds a different model than {model}')
+    changed = changed_settings(saved.get('train', {}), cfg) if resuming else []
+    if changed and not allow_changed_config:
+      detail = ', '.join(f'{k}: {saved["train"][k]!r} -> {getattr(cfg, k)!r}'
+                         for k in changed)
+      raise ValueError(
+          f'{workdir} was trained with other hyperparameters ({detail}); resuming at step '
+          f'{resuming} would mix two runs. Use another --workdir, restore the old values, '
+          'or pass --allow_changed_config (train(..., allow_changed_config=True)).')
   os.makedirs(workdir, exist_ok=True)
+  _clean_orphans(workdir)
+  _truncate_log(workdir, resuming or 0)
   _write_atomic(path, json.dumps({'model': model, 'train': dataclasses.asdict(cfg)}).encode())
   dummy = jnp.ones((1, 4), jnp.int32)  # [batch, length]
   params = flax.core.unfreeze(Transformer(model_cfg).init(
@@ -396,8 +458,13 @@ def distill_targets(model: Transformer, params: Params, inputs: np.ndarray, max_
 
 
 def train(model_cfg: T5Config, data_dir: str, workdir: str, cfg: TrainConfig,
-          progress: bool = False) -> tuple[Params, dict[str, Any]]:
+          progress: bool = False,
+          allow_changed_config: bool = False) -> tuple[Params, dict[str, Any]]:
   """Trains (or resumes) until `cfg.steps` or `cfg.max_seconds`; returns (params, summary).
+
+  A resume must use the saved hyperparameters (see `changed_settings`) unless
+  `allow_changed_config`; orphan temporary files of a killed save are removed and
+  log.jsonl keeps no record past the resumed step.
 
   AdamW + cosine (the default) decays fully within the budget; on demo_draft_s (CPU, batch 32,
   150 steps) it and Adafactor 1e-2 ended within 0.09 nats, AdamW 5e-3 lowest (val 6.95).
@@ -413,7 +480,8 @@ def train(model_cfg: T5Config, data_dir: str, workdir: str, cfg: TrainConfig,
   mixture = Mixture(load_split(data_dir, 'train'), cfg.batch_size, cfg.seed, cfg.mixing_rates)
   val = validation_batches(load_split(data_dir, 'validation'), cfg.batch_size,
                            cfg.num_val_examples)
-  params, opt_state, state, step = _start(workdir, model_cfg, cfg, tx, len(mixture.names))
+  params, opt_state, state, step = _start(workdir, model_cfg, cfg, tx, len(mixture.names),
+                                          allow_changed_config)
   cursors, elapsed0, saved = state['cursors'], float(state['elapsed']), step
   total = cfg.steps if cfg.steps is not None else (int(state['total_steps']) or None)
   print(f'{workdir}: {num_params(params):,} params, devices {jax.devices()}, '

@@ -1,0 +1,84 @@
+"""Which SentencePiece model a checkpoint was trained with, and checking a task against it.
+
+A model's token ids mean nothing without its vocabulary, and T5X checkpoints do not
+record it, so a task registered with another SentencePiece model decodes to fluent-looking
+nonsense (BLEU 0) with no error. A model directory may therefore hold `vocabulary.json`
+(written by `record_vocabulary`, e.g. `scripts/train.py --vocab`):
+
+  {"sentencepiece_model": "demo_spm.model", "sha256": "<of the .model file>",
+   "extra_ids": 0}
+
+`check_checkpoints_vocabulary` looks for it in a checkpoint directory and its parent and
+compares the task vocabulary's file (by content hash, so copies and moves are fine) and
+extra ids. Without a record nothing more than the size check of
+`models.check_task_vocabulary` can be done; a remote (gs://) task vocabulary is not read.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from typing import Any, Dict, Mapping, Optional
+
+RECORD = 'vocabulary.json'
+
+
+@functools.lru_cache(maxsize=32)
+def _sha256(path: str, mtime: float, size: int) -> str:
+  del mtime, size  # Cache keys only.
+  with open(path, 'rb') as f:
+    return hashlib.sha256(f.read()).hexdigest()
+
+
+def file_sha256(path: str) -> str:
+  st = os.stat(path)
+  return _sha256(os.path.abspath(path), st.st_mtime, st.st_size)
+
+
+def record_vocabulary(model_dir: str, spm_path: str, extra_ids: int = 0) -> str:
+  """Writes `model_dir/vocabulary.json` for the SentencePiece model at `spm_path`."""
+  record = {'sentencepiece_model': os.path.basename(spm_path),
+            'sha256': file_sha256(spm_path), 'extra_ids': int(extra_ids)}
+  path = os.path.join(model_dir, RECORD)
+  tmp = f'{path}.tmp-{os.getpid()}'
+  with open(tmp, 'w', encoding='utf-8') as f:
+    json.dump(record, f, indent=1)
+  os.replace(tmp, path)
+  return path
+
+
+def find_record(checkpoint: Optional[str]) -> Optional[Dict[str, Any]]:
+  """The vocabulary record of a checkpoint (in its directory or its parent), or None."""
+  if not checkpoint or '://' in checkpoint:
+    return None
+  here = os.path.abspath(checkpoint)
+  here = here if os.path.isdir(here) else os.path.dirname(here)
+  for directory in (here, os.path.dirname(here)):
+    path = os.path.join(directory, RECORD)
+    if os.path.isfile(path):
+      with open(path, encoding='utf-8') as f:
+        return dict(json.load(f), record=path)
+  return None
+
+
+def check_checkpoints_vocabulary(vocab: Any, checkpoints: Mapping[str, Optional[str]]) -> None:
+  """Raises ValueError if a checkpoint's recorded vocabulary is not the task's `vocab`.
+
+  Args:
+    vocab: the task's seqio.SentencePieceVocabulary.
+    checkpoints: {gin macro naming it: checkpoint path or None}.
+  """
+  spm = getattr(vocab, 'sentencepiece_model_file', None)
+  extra = int(getattr(vocab, 'extra_ids', 0) or 0)
+  for macro, checkpoint in checkpoints.items():
+    record = find_record(checkpoint)
+    if record is None or not spm or '://' in spm or not os.path.isfile(spm):
+      continue
+    if file_sha256(spm) != record.get('sha256') or extra != record.get('extra_ids', 0):
+      raise ValueError(
+          f'The task vocabulary ({spm}, extra_ids={extra}) is not the one {macro} '
+          f'{checkpoint} was trained with ({record.get("sentencepiece_model")}, '
+          f'extra_ids={record.get("extra_ids", 0)}, sha256 {record.get("sha256", "")[:12]}..., '
+          f'per {record["record"]}). Set TASK_VOCAB_PATH (and VOCAB_PATH) to that model.')
