@@ -36,7 +36,7 @@ import numpy as np
 import seqio
 from tqdm import tqdm
 
-from specdec_t5x import models, tasks
+from specdec_t5x import gin_checks, models, run_dir, tasks, vocab_check
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ('predict', 'predict_with_aux')
@@ -65,11 +65,7 @@ class ChunkStore:
     if os.path.exists(self.manifest_path):
       with open(self.manifest_path, encoding='utf-8') as f:
         manifest = json.load(f)
-      if manifest['fingerprint'] != self.fingerprint:
-        changed = sorted(k for k in set(manifest['fingerprint']) | set(self.fingerprint)
-                         if manifest['fingerprint'].get(k) != self.fingerprint.get(k))
-        raise ValueError(f'{tmp_dir} holds an unfinished run with other settings (changed: '
-                         f'{changed}); use another output_dir or delete that directory.')
+      run_dir.check_settings(manifest['fingerprint'], self.fingerprint, tmp_dir, 'an unfinished')
       self.chunks = {c: info for c, info in manifest['chunks'].items()
                      if self._lines(int(c)) == info['examples']}
 
@@ -112,6 +108,15 @@ def load_examples(task_name: str, dataset_cfg: Any, *, allow_truncation: bool,
                      '--gin.infer.allow_truncation=True.') from e
   if not examples[shard_id::num_shards]:
     raise ValueError(f'{task_name}:{dataset_cfg.split} has no examples for shard {shard_id}.')
+  for index, example in enumerate(examples):  # Fail before decoding, not in _json_line.
+    for key, value in example.items():
+      if key.endswith('_pretokenized') and isinstance(value, bytes):
+        try:
+          value.decode('utf-8')
+        except UnicodeDecodeError as e:
+          raise ValueError(f'{task_name}:{dataset_cfg.split} example {index} has invalid '
+                           f'UTF-8 in {key!r} at byte {e.start}: {value[:80]!r}; fix or '
+                           're-encode the source as UTF-8.') from None
   return examples[shard_id::num_shards]
 
 
@@ -201,6 +206,7 @@ def _sum_chunks(infos: List[Dict[str, Any]]) -> Dict[str, Any]:
   return total
 
 
+@run_dir.holds_output_dir_lock
 def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: Any,
           output_dir: str, partitioner: Any = None, checkpoint_period: int = 100,
           shard_id: int = 0, num_shards: int = 1, allow_truncation: bool = False,
@@ -208,7 +214,7 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
           fallback_init_rng: Optional[int] = None, task_vocab_path: Optional[str] = None,
           task_data_dir: Optional[str] = None, tfds_data_dir: Optional[str] = None,
           preempt_after_batches: Optional[int] = None,
-          compare_baseline: bool = False) -> Dict[str, Any]:
+          compare_baseline: bool = False, overwrite: bool = False) -> Dict[str, Any]:
   """Decodes a seqio task with `model` and writes predictions and metrics (see module doc).
 
   Args:
@@ -232,12 +238,20 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
       right after its speculative run (interleaved, same process), write
       `{task}-{mode}-baseline.jsonl...` (chunked and resumable like the main file), and
       report its metrics and the walltime speedup (first batches, which compile, excluded).
+    overwrite: replace what output_dir holds for this task and shard when it was made
+      with other settings (otherwise refused, finished or not). A run with the same
+      settings is never discarded: it resumes, or, finished, is returned undecoded.
+
+  The output_dir is locked (run_dir.DirLock) while this runs: a second runner fails at
+  once naming the holder.
 
   Returns:
     The metrics dict also written to metrics.json.
   """
   if mode not in MODES:
     raise ValueError(f'mode must be one of {MODES}, got {mode!r}.')
+  if int(dataset_cfg.batch_size) < 1:
+    raise ValueError(f'batch_size must be >= 1, got {dataset_cfg.batch_size} (BATCH_SIZE).')
   if task_vocab_path or task_data_dir or tfds_data_dir:
     tasks.register_tasks(task_vocab_path, task_data_dir, tfds_data_dir=tfds_data_dir)
   if getattr(dataset_cfg, 'module', None):
@@ -249,6 +263,9 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
   task = seqio.get_mixture_or_task(name)
   vocab = task.output_features['targets'].vocabulary
   model.check_task_vocabulary(vocab)
+  vocab_check.check_checkpoints_vocabulary(vocab, {
+      'TARGET_CHECKPOINT': restore_checkpoint_cfg.path,
+      'DRAFT_CHECKPOINT': model.draft_checkpoint if model.is_speculative else None})
   if restore_checkpoint_cfg.mode == 'all' or not isinstance(restore_checkpoint_cfg.path,
                                                             (str, type(None))):
     raise ValueError('Restore one checkpoint: RestoreCheckpointConfig.mode must be '
@@ -256,8 +273,6 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
   model.check_checkpoints(restore_checkpoint_cfg.path, fallback_init_rng)
 
   os.makedirs(output_dir, exist_ok=True)
-  if shard_id == 0 and jax.process_index() == 0:
-    write_atomic(os.path.join(output_dir, 'config.gin'), gin.config_str())
   examples = load_examples(name, dataset_cfg, allow_truncation=allow_truncation,
                            num_examples=num_examples, shard_id=shard_id,
                            num_shards=num_shards)
@@ -272,8 +287,19 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
   fingerprint = dict(settings, task=name, split=dataset_cfg.split, lengths=lengths,
                      batch_size=batch_size, checkpoint_period=period, shard_id=shard_id,
                      num_shards=num_shards, num_examples=len(examples), mode=mode,
-                     decode_seed=decode_seed, allow_truncation=allow_truncation)
+                     decode_seed=decode_seed, allow_truncation=allow_truncation,
+                     compare_baseline=bool(compare_baseline and model.is_speculative))
   output_fname = f'{name}-{mode}.jsonl-{shard_id:05}-of-{num_shards:05}'
+  metrics_name = 'metrics.json' if num_shards == 1 else (
+      f'metrics-{shard_id:05}-of-{num_shards:05}.json')
+  finished = run_dir.finished_run(  # Every host decides alike (they share output_dir).
+      output_dir, metrics_name, fingerprint, overwrite,
+      tmp_dirs=(f'tmp-{name}-{shard_id:05}-of-{num_shards:05}',
+                f'tmp-{name}-baseline-{shard_id:05}'))
+  if finished is not None:  # Same settings, already done: nothing to decode.
+    if 'baseline' in finished and jax.process_index() == 0:
+      _print_summary(finished)
+    return finished if jax.process_index() == 0 else {}
   store = ChunkStore(os.path.join(output_dir, f'tmp-{name}-{shard_id:05}-of-{num_shards:05}'),
                      output_fname, fingerprint)
   base_store = base_model = None
@@ -283,6 +309,8 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
     base_fname = output_fname.replace(f'{mode}.jsonl', f'{mode}-baseline.jsonl')
     base_store = ChunkStore(os.path.join(output_dir, f'tmp-{name}-baseline-{shard_id:05}'),
                             base_fname, fingerprint)
+  if shard_id == 0 and jax.process_index() == 0:  # Only once the settings are known good.
+    write_atomic(os.path.join(output_dir, 'config.gin'), gin.config_str())
   todo = [c for c in range(num_chunks)
           if not store.done(c) or (base_store is not None and not base_store.done(c))]
   resumed = num_chunks - len(todo)
@@ -326,8 +354,8 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
   total = _sum_chunks([store.chunks[str(c)] for c in range(num_chunks)])
   metrics = _metrics(task, output_path, total, settings, resumed_chunks=resumed,
                      num_examples=len(examples), batch_size=batch_size)
-  metrics_name = 'metrics.json' if num_shards == 1 else (
-      f'metrics-{shard_id:05}-of-{num_shards:05}.json')
+  metrics['decode_seed'] = decode_seed
+  metrics['run_settings'] = fingerprint  # checked by the next run in this output_dir
   if base_store is not None:
     base_path = os.path.join(output_dir, base_fname)
     base_store.assemble(num_chunks, base_path)
@@ -340,9 +368,12 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
         **models.summarize_stats(base)}
     metrics['walltime_speedup'] = warm / spec_warm if warm and spec_warm else None
     _print_summary(metrics)
-    shutil.rmtree(base_store.tmp_dir)
+  # metrics.json first: a kill before the tmp dirs are gone leaves a finished run (the
+  # rerun returns it), never a run without its chunks.
   write_atomic(os.path.join(output_dir, metrics_name), json.dumps(metrics, indent=1))
-  shutil.rmtree(store.tmp_dir)
+  for tmp_store in (base_store, store):
+    if tmp_store is not None:
+      shutil.rmtree(tmp_store.tmp_dir, ignore_errors=True)
   return metrics
 
 
@@ -401,8 +432,10 @@ def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str] = (),
     main_module.infer = infer
   gin.clear_config()
   infer_using_gin = gin.configurable(main_module.infer)
-  for path in [p for p in search_paths if p] + [REPO_ROOT]:
+  roots = [p for p in search_paths if p] + [REPO_ROOT]
+  for path in roots:
     gin.add_config_file_search_path(path)
+  gin_checks.check_macro_bindings(gin_bindings, gin_checks.defined_macros(gin_files, roots))
   gin.parse_config_files_and_bindings(list(gin_files), list(gin_bindings),
                                       finalize_config=True)
   return infer_using_gin

@@ -20,6 +20,7 @@ Call `register_tasks(...)` again to change the vocabulary or the data directorie
 replaces the four tasks and may be called any number of times.
 """
 import functools
+import os
 import pathlib
 from typing import Dict, List, Mapping, Optional
 
@@ -101,11 +102,38 @@ def demo_tsv_path(name: str, split: str, data_dir: Optional[str] = None,
                           + ', '.join(str(p) for p in candidates))
 
 
+@functools.lru_cache(maxsize=16)
+def _check_tsv_cached(path: str, mtime: float, size: int) -> None:
+  del mtime, size  # Cache keys: a file is scanned again only after it changed.
+  with open(path, 'rb') as f:
+    for number, raw in enumerate(f, 1):
+      try:
+        line = raw.decode('utf-8')
+      except UnicodeDecodeError as e:
+        raise ValueError(
+            f'{path}:{number}: invalid UTF-8 (byte {raw[e.start:e.start + 1]!r} at column '
+            f'{e.start + 1}): {raw[:60]!r}. The demo tasks read UTF-8; re-encode the file '
+            '(e.g. iconv -f latin1 -t utf-8) or fix that line.') from None
+      line = line.rstrip('\r\n')
+      if line.strip() and line.count('\t') != 1:
+        raise ValueError(
+            f'{path}:{number}: expected inputs<TAB>targets (one tab), found '
+            f'{line.count(chr(9))} tabs: {line[:60]!r}.')
+
+
+def check_tsv(path: str) -> None:
+  """Raises ValueError naming file and line for invalid UTF-8 or a line without exactly
+  one tab (blank lines are skipped, as `_parse_tsv` does). Called before any decoding."""
+  st = os.stat(path)
+  _check_tsv_cached(os.path.abspath(path), st.st_mtime, st.st_size)
+
+
 def _demo_dataset_fn(split: str, shuffle_files: bool, seed: Optional[int] = None, *,
                      name: str, data_dir: Optional[str],
                      sample_dir: Optional[str]) -> tf.data.Dataset:
   del shuffle_files, seed  # One file per split: nothing to shuffle.
   path = demo_tsv_path(name, split, data_dir=data_dir, sample_dir=sample_dir)
+  check_tsv(path)
   return tf.data.TextLineDataset(path)
 
 
