@@ -78,14 +78,54 @@ def _compiled(target_module, draft_module, *, max_len, gamma, cfg, lenience, ver
   return _COMPILED[key]
 
 
-def _check_encoder_inputs(x) -> jax.Array:
+def _is_traced(x) -> bool:
+  return isinstance(x, jax.core.Tracer)
+
+
+def _check_encoder_inputs(x, vocab_size: Optional[int]) -> jax.Array:
+  """[batch, length] integer ids -> int32; concrete inputs must lie in [0, vocab_size).
+
+  Out-of-range ids would otherwise be clamped or wrapped by the embedding lookup (and
+  int64 ids >= 2**31 wrap to other ids in the int32 cast): silent garbage. Traced inputs
+  (generate called under jit) cannot be inspected and are not checked.
+  """
   arr = np.asarray(x) if not isinstance(x, jax.Array) else x
   if arr.ndim != 2:
     raise ValueError(f'encoder_input_tokens must be a 2-D [batch, length] int array, '
                      f'got shape {tuple(arr.shape)}.')
   if not jnp.issubdtype(arr.dtype, jnp.integer):
     raise ValueError(f'encoder_input_tokens must hold integer token ids, got dtype {arr.dtype}.')
+  if 0 in arr.shape:
+    raise ValueError(f'encoder_input_tokens is empty (shape {tuple(arr.shape)}): give at '
+                     'least one row of at least one token.')
+  if not _is_traced(arr):
+    limit = vocab_size or 2 ** 31
+    lo, hi = int(arr.min()), int(arr.max())  # On device for jax arrays, sharded or not.
+    if lo < 0 or hi >= limit:
+      host = np.asarray(arr)
+      row, col = (int(i) for i in np.argwhere((host < 0) | (host >= limit))[0])
+      raise ValueError(
+          f'encoder_input_tokens[{row}, {col}] = {int(host[row, col])} is not a token id of '
+          f'this model: ids must lie in [0, {limit}) ('
+          + ('the target vocab_size' if vocab_size else 'int32') + '; 0 = padding). '
+          'Tokenize with the model\'s vocabulary.')
   return jnp.asarray(arr, jnp.int32)
+
+
+def _check_finite(stats: dict) -> None:
+  """Raises if a decoding row met NaN/inf logits (its tokens would be garbage/padding)."""
+  for who, key, hint in (
+      ('target', 'nonfinite_target_logits', 'the target params (checkpoint, '
+       'CHECKPOINT_DTYPE: float16 overflows) and its inputs'),
+      ('draft', 'nonfinite_draft_logits', 'the draft params (checkpoint, dtype)')):
+    flags = stats.get(key)
+    if flags is None or _is_traced(flags):
+      continue
+    rows = np.flatnonzero(np.asarray(flags))
+    if rows.size:
+      raise FloatingPointError(
+          f'The {who} model produced NaN or infinite logits for batch rows '
+          f'{rows.tolist()[:10]}; no tokens are returned for them. Check {hint}.')
 
 
 def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[ModelAndParams] = None,
@@ -117,9 +157,21 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
   Returns:
     GenerateOutput with `.tokens` [batch, max_decode_length] and `.stats` (per-row
     target_calls, drafted_tokens, accepted_tokens, generated_tokens, and
-    accepted_length_histogram [gamma + 1], draft_length_histogram [gamma + 1]).
+    accepted_length_histogram [gamma + 1], draft_length_histogram [gamma + 1];
+    nonfinite_target_logits / nonfinite_draft_logits [batch] bool, all False when
+    returned: see Raises).
+
+  Raises:
+    ValueError: a bad setting; non-finite temperature; or, for concrete inputs, a token id
+      outside [0, target vocab_size) (named with its row and column). Inputs traced under
+      an outer jit cannot be checked: out-of-range ids there give undefined tokens.
+    FloatingPointError: the target or draft produced NaN/inf logits for a decoding row
+      (e.g. NaN params). Checked after the call, so only when outputs are concrete.
   """
   cfg = sampling.SamplingConfig(float(temperature), int(topk), float(topp))
+  if eos_id is None or isinstance(eos_id, bool) or int(eos_id) != eos_id:
+    raise ValueError(f'eos_id must be an integer token id (T5: 1; -1 = never stop), '
+                     f'got {eos_id!r}.')
   if int(gamma) != gamma or gamma < 1:
     raise ValueError(f'gamma must be an integer >= 1, got {gamma}.')
   if int(max_decode_length) != max_decode_length or max_decode_length < 1:
@@ -137,8 +189,8 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
   if policy.kind == 'confidence' and verifier == 'block':
     raise ValueError("gamma_policy='confidence' is verified token-wise only: block "
                      'verification assumes draft lengths fixed before drafting.')
-  tokens = _check_encoder_inputs(encoder_input_tokens)
   target_module, target_params = target
+  tokens = _check_encoder_inputs(encoder_input_tokens, _vocab_size(target_module))
   draft_module, draft_params = draft if draft is not None else (None, None)
   if draft_module is not None:
     tv, dv = _vocab_size(target_module), _vocab_size(draft_module)
@@ -150,4 +202,5 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
                  gamma=int(gamma) if draft_module is not None else 0, cfg=cfg,
                  lenience=float(lenience), verifier=verifier, policy=policy)
   out_tokens, stats = fn(target_params, draft_params, tokens, rng, jnp.int32(eos_id))
+  _check_finite(stats)
   return GenerateOutput(out_tokens, stats)

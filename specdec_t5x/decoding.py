@@ -81,6 +81,8 @@ class DecodeState:
   draft_histogram: jax.Array  # [gamma + 1] int32: steps with 0..gamma drafts verified
   alpha_hits: jax.Array  # [b] float32: decayed accepted drafts (running_alpha policy)
   alpha_tests: jax.Array  # [b] float32: decayed drafts tested (accepted or the rejected one)
+  target_nonfinite: jax.Array  # [b] bool: a target call gave the decoding row NaN/inf logits
+  draft_nonfinite: jax.Array  # [b] bool: a draft call gave the decoding row NaN/inf logits
 
 
 def _init_state(batch, max_len, extra, rng, target_cache, draft_cache, gamma):
@@ -97,7 +99,14 @@ def _init_state(batch, max_len, extra, rng, target_cache, draft_cache, gamma):
       histogram=jnp.zeros((gamma + 1,), jnp.int32),
       draft_histogram=jnp.zeros((gamma + 1,), jnp.int32),
       alpha_hits=jnp.ones((batch,), jnp.float32),
-      alpha_tests=jnp.full((batch,), 2.0, jnp.float32))
+      alpha_tests=jnp.full((batch,), 2.0, jnp.float32),
+      target_nonfinite=jnp.zeros((batch,), bool),
+      draft_nonfinite=jnp.zeros((batch,), bool))
+
+
+def _nonfinite(logits) -> jax.Array:
+  """logits [b, ..., V] -> [b] bool: the row holds a NaN or an infinity."""
+  return ~jnp.all(jnp.isfinite(logits), axis=tuple(range(1, logits.ndim)))
 
 
 def _row_window(x, start, size):
@@ -137,6 +146,9 @@ def _finish(state: DecodeState, max_len: int):
       'generated_tokens': state.length,
       'accepted_length_histogram': state.histogram,
       'draft_length_histogram': state.draft_histogram,
+      # [b] bool; `generate` raises when any is set rather than return such rows.
+      'nonfinite_target_logits': state.target_nonfinite,
+      'nonfinite_draft_logits': state.draft_nonfinite,
   }
   return tokens, stats
 
@@ -169,7 +181,8 @@ def autoregressive_decode(target_fn: ExtendFn, target_cache, rng, *, batch: int,
     logits, cache = target_fn(s.target_cache, last, s.length)
     token, _ = _propose(logits[:, 0], keys, 0, cfg)
     calls = s.target_calls + (~s.done).astype(jnp.int32)
-    s = s.replace(rng=rng, target_cache=cache, target_calls=calls)
+    bad = s.target_nonfinite | (_nonfinite(logits) & ~s.done)
+    s = s.replace(rng=rng, target_cache=cache, target_calls=calls, target_nonfinite=bad)
     return _emit(s, token[:, None], jnp.ones((batch,), jnp.int32), max_len, eos_id)
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
@@ -192,7 +205,7 @@ def _draft_block(draft_fn: ExtendFn, s: DecodeState, keys, num_steps, limit, gam
 
   Returns (x [b, gamma], q [b, gamma, V] or None when greedy, draft cache, steps: the
   loop's draft calls after the first (x_steps was never fed to the draft), count [b]:
-  drafts made for each row before it stopped).
+  drafts made for each row before it stopped, bad [b]: a draft call gave NaN/inf logits).
   """
   def catch_up(_):  # re-feed y_{n-2} at n - 1, left unwritten by a fully accepted block
     logits, cache = draft_fn(s.draft_cache, _row_window(s.seq, s.length, 2), s.length - 1)
@@ -203,6 +216,7 @@ def _draft_block(draft_fn: ExtendFn, s: DecodeState, keys, num_steps, limit, gam
     return logits[:, 0], cache
 
   logits, cache = jax.lax.cond(jnp.any(s.draft_behind & ~s.done), catch_up, plain, None)
+  bad = _nonfinite(logits)
   x1, q1 = _propose(logits, keys, 0, cfg)
   xs = jnp.zeros((x1.shape[0], gamma), jnp.int32).at[:, 0].set(x1)
   qs = None if q1 is None else jnp.zeros(q1.shape[:1] + (gamma,) + q1.shape[1:]).at[:, 0].set(q1)
@@ -210,9 +224,10 @@ def _draft_block(draft_fn: ExtendFn, s: DecodeState, keys, num_steps, limit, gam
   count = jnp.ones(x1.shape, jnp.int32)  # [b]
 
   def body(carry):
-    i, xs, qs, cache, going, count = carry
+    i, xs, qs, cache, going, count, bad = carry
     x_prev = jax.lax.dynamic_index_in_dim(xs, i - 1, axis=1, keepdims=True)  # [b, 1]
     logits, cache = draft_fn(cache, x_prev, s.length + i)
+    bad = bad | _nonfinite(logits)
     x, q = _propose(logits[:, 0], keys, i, cfg)
     xs = jax.lax.dynamic_update_index_in_dim(xs, x, i, axis=1)
     if qs is not None:
@@ -220,7 +235,7 @@ def _draft_block(draft_fn: ExtendFn, s: DecodeState, keys, num_steps, limit, gam
     if threshold is not None:  # decided from q_{i+1} alone, before looking at x_{i+1}
       going = going & (_confidence(logits[:, 0], q) >= threshold)
       count = jnp.where(going, i + 1, count)
-    return i + 1, xs, qs, cache, going, count
+    return i + 1, xs, qs, cache, going, count, bad
 
   def cond(c):
     i, going = c[0], c[4]
@@ -229,11 +244,11 @@ def _draft_block(draft_fn: ExtendFn, s: DecodeState, keys, num_steps, limit, gam
       more &= jnp.any(going & (i < limit))
     return more
 
-  steps, xs, qs, cache, _, count = jax.lax.while_loop(
-      cond, body, (jnp.int32(1), xs, qs, cache, going, count))
+  steps, xs, qs, cache, _, count, bad = jax.lax.while_loop(
+      cond, body, (jnp.int32(1), xs, qs, cache, going, count, bad))
   if threshold is None:
     count = jnp.full(x1.shape, num_steps, jnp.int32)
-  return xs, qs, cache, steps, count
+  return xs, qs, cache, steps, count, bad
 
 
 def _running_alpha_gamma(hits, tests, gamma: int, cost_ratio: float):
@@ -267,8 +282,8 @@ def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, dr
     num_steps = jnp.clip(jnp.max(room), 0, gamma)
     limit = jnp.minimum(room, num_steps)  # [b]
     threshold = policy.threshold if policy.kind == 'confidence' else None
-    xs, qs, draft_cache, steps, count = _draft_block(draft_fn, s, keys, num_steps, limit,
-                                                     gamma, cfg, threshold)
+    xs, qs, draft_cache, steps, count, draft_bad = _draft_block(
+        draft_fn, s, keys, num_steps, limit, gamma, cfg, threshold)
     num_drafted = jnp.minimum(limit, count)
 
     last = _row_window(s.seq, s.length + 1, 1)  # [b, 1]
@@ -302,7 +317,9 @@ def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, dr
             jax.nn.one_hot(num_drafted, gamma + 1, dtype=jnp.int32) * act[:, None], axis=0),
         alpha_hits=jnp.where(active, policy.decay * s.alpha_hits + n_acc, s.alpha_hits),
         alpha_tests=jnp.where(active, policy.decay * s.alpha_tests + jnp.minimum(
-            n_acc + 1, num_drafted), s.alpha_tests))
+            n_acc + 1, num_drafted), s.alpha_tests),
+        target_nonfinite=s.target_nonfinite | (_nonfinite(logits) & active),
+        draft_nonfinite=s.draft_nonfinite | (draft_bad & active))
     return _emit(s, candidates, n_acc + 1, max_len, eos_id)
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)

@@ -11,6 +11,7 @@ Shapes use T5X's bracket comments; `V` is the vocabulary.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -24,8 +25,9 @@ class SamplingConfig:
   topp: float = 0.0
 
   def __post_init__(self):
-    if self.temperature < 0:
-      raise ValueError(f'temperature must be >= 0, got {self.temperature}.')
+    if not math.isfinite(self.temperature) or self.temperature < 0:
+      raise ValueError(f'temperature must be a finite number >= 0 (0 = greedy), got '
+                       f'{self.temperature}.')
     if self.topk < 0:
       raise ValueError(f'topk must be >= 0, got {self.topk}.')
     if not 0.0 <= self.topp <= 1.0:
@@ -39,11 +41,19 @@ class SamplingConfig:
 
 
 def standardize(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
-  """logits [..., V] -> probabilities [..., V] (float32) after temperature/top-k/top-p."""
+  """logits [..., V] -> probabilities [..., V] (float32) after temperature/top-k/top-p.
+
+  Sound for every finite temperature > 0: the maximum is subtracted BEFORE dividing, so
+  the scaled logits are <= 0 with the maxima exactly 0, and a tiny temperature (1e-10)
+  sends the rest to -huge or -inf (probability 0) instead of overflowing into NaN; the
+  result tends to the uniform distribution over the tied maxima, as the limit should.
+  """
   logits = logits.astype(jnp.float32)
   if cfg.greedy:
     return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
-  logits = logits / cfg.temperature
+  top = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))  # [..., 1]
+  shifted = logits - top  # [..., V] <= 0; 0 at the maxima (and stays 0 for any T).
+  logits = jnp.where(shifted < 0, shifted / cfg.temperature, 0.0)
   if cfg.topk:
     kth = jax.lax.top_k(logits, cfg.topk)[0][..., -1:]  # [..., 1]
     logits = jnp.where(logits < kth, -jnp.inf, logits)
