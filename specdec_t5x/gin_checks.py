@@ -33,10 +33,12 @@ def defined_macros(gin_files: Iterable[str], roots: Sequence[str]) -> Set[str]:
   """Macros the files (and the files they include) define; raises for a missing file."""
   macros: Set[str] = set()
   seen: Set[str] = set()
-  todo = list(gin_files)
+  todo = [(name, True) for name in gin_files]
   while todo:
-    name = todo.pop()
+    name, top_level = todo.pop()
     path = find_gin_file(name, roots)
+    if path is None and not top_level:
+      continue  # gin reports a missing include itself, naming the including file.
     if path is None:
       raise FileNotFoundError(f'Gin file {name!r} not found; looked in: '
                               f'{[name] + [os.path.join(r, name) for r in roots]} '
@@ -47,7 +49,7 @@ def defined_macros(gin_files: Iterable[str], roots: Sequence[str]) -> Set[str]:
     with open(path, encoding='utf-8') as f:
       text = f.read()
     macros.update(_MACRO_DEF.findall(text))
-    todo += _INCLUDE.findall(text)
+    todo += [(name, False) for name in _INCLUDE.findall(text)]
   return macros
 
 
