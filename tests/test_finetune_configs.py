@@ -118,7 +118,9 @@ def test_finetune_config_is_t5x_recipe_on_the_project_task(task, size, monkeypat
   assert (cfg.vocab_size, cfg.mlp_activations, cfg.logits_via_embedding) == (
       32128, ('gelu', 'linear'), False)
   assert cfg.dropout_rate == 0.1
-  # The model's vocabulary is the task's (T5X refuses to train otherwise).
+  # The model's vocabulary is the task's as the project registers it by default (T5X
+  # refuses to train otherwise).
+  tasks.register_tasks()
   task_vocab = seqio.get_mixture_or_task(TASKS[task]).output_features['targets'].vocabulary
   for vocab in (model.input_vocabulary, model.output_vocabulary):
     assert (vocab.sentencepiece_model_file, vocab.extra_ids) == (
