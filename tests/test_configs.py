@@ -63,7 +63,8 @@ def test_paper_row_config_matches_table_2(name):
   task, draft, temperature, gamma = TABLE_2[name]
   text = (CONFIGS / name).read_text()
   header = text.split('from __gin__')[0]
-  assert f'python -m specdec_t5x.infer --gin_file=configs/{name}' in header
+  assert f'python -m t5x.infer --gin_file=configs/{name}' in header
+  assert '`python -m specdec_t5x.infer` takes the same flags' in header
   assert f'T5-{draft}, temperature {temperature}, gamma {gamma}' in header
   infer.parse_gin([f'configs/{name}'], ["INFER_OUTPUT_DIR = '/tmp/unused'"])
   assert _macro('MIXTURE_OR_TASK_NAME') == TASKS[task]
