@@ -19,8 +19,8 @@ from conftest import train_tiny_spm
 from specdec_t5x import infer, run_dir, tasks, vocab_check
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-OUTPUT = 'demo_ende-predict.jsonl-00000-of-00001'
-BASELINE = 'demo_ende-predict-baseline.jsonl-00000-of-00001'
+OUTPUT = 'demo_ende-predict_with_aux.jsonl-00000-of-00001'  # mode: T5X's default
+BASELINE = 'demo_ende-predict_with_aux-baseline.jsonl-00000-of-00001'
 
 
 @pytest.fixture(autouse=True)
