@@ -81,4 +81,5 @@ def check_checkpoints_vocabulary(vocab: Any, checkpoints: Mapping[str, Optional[
           f'The task vocabulary ({spm}, extra_ids={extra}) is not the one {macro} '
           f'{checkpoint} was trained with ({record.get("sentencepiece_model")}, '
           f'extra_ids={record.get("extra_ids", 0)}, sha256 {record.get("sha256", "")[:12]}..., '
-          f'per {record["record"]}). Set TASK_VOCAB_PATH (and VOCAB_PATH) to that model.')
+          f'per {record["record"]}). Register the task with that model '
+          '(--gin.infer.task_vocab_path; VOCAB_PATH when VOCABULARY is set).')

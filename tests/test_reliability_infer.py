@@ -205,7 +205,7 @@ def test_wrong_task_vocabulary_refused_with_no_model_vocabulary(tmp_path):
                                        r'.*demo_target/checkpoint_2239 was trained with '
                                        r'\(demo_spm.model'):
     infer.main(['--gin_file=configs/demo.gin', f"--gin.INFER_OUTPUT_DIR='{tmp_path}/o'",
-                f"--gin.TASK_VOCAB_PATH='{other}'"])
+                f"--gin.infer.task_vocab_path='{other}'"])
 
 
 def test_demo_checkpoints_record_the_demo_vocabulary():
