@@ -125,34 +125,44 @@ def speed_ratios(times: Dict[str, List[float]], base: str) -> Dict[str, float]:
 def random_params(module, seed: int = 0, dtype: Any = jnp.bfloat16) -> Any:
   """Random parameters of a Transformer-like module, made on the device in `dtype`.
 
-  For cost measurements, where values do not matter: the shapes come from
-  `models.init_params` traced abstractly (jax.eval_shape, nothing computed), and all
-  leaves are drawn inside one jit directly in `dtype` (an 11B-parameter model is 22 GB in
-  bfloat16; flax's init would first build it in float32). Kernels ~ N(0, 1/fan_in),
-  embeddings ~ N(0, 1), norm scales 1, anything else ~ N(0, 0.1^2), so activations and
-  logits stay O(1).
+  For cost measurements, where values do not matter: the shapes come from the module's
+  init traced abstractly (jax.eval_shape, nothing computed), and all leaves are drawn
+  inside one jit directly in `dtype` (an 11B-parameter model is 22 GB in bfloat16; flax's
+  init would first build it in float32). Leaves of one shape and kind are drawn in one
+  call (few distinct shapes, so little to compile). Kernels have variance 1/fan_in,
+  embeddings 1, anything else 0.01 (uniform draws), norm scales are 1, so activations
+  and logits stay O(1).
   """
-  from specdec_t5x import models  # pylint: disable=g-import-not-at-top
-  shapes = jax.eval_shape(lambda k: models.init_params(module, k), jax.random.PRNGKey(0))
+  dummy = jnp.ones((1, 4), jnp.int32)  # encoder and decoder input tokens
+  shapes = jax.eval_shape(lambda k: module.init(k, dummy, dummy)['params'],
+                          jax.random.PRNGKey(0))
   paths, treedef = jax.tree_util.tree_flatten_with_path(shapes)
 
-  def scale(path, shape):
+  def std(path, shape) -> float:
     name = getattr(path[-1], 'key', str(path[-1]))
     if name == 'scale':
-      return None
+      return 0.0  # ones
     if name == 'kernel':
       return 1.0 / float(shape[0]) ** 0.5
     return 1.0 if name == 'embedding' else 0.1
 
+  groups: Dict[Any, List[int]] = {}
+  for i, (path, leaf) in enumerate(paths):
+    groups.setdefault((tuple(leaf.shape), std(path, leaf.shape)), []).append(i)
+
   def make(key):
-    keys = jax.random.split(key, len(paths))
-    leaves = []
-    for k, (path, leaf) in zip(keys, paths):
-      s = scale(path, leaf.shape)
-      leaves.append(jnp.ones(leaf.shape, dtype) if s is None else
-                    (jax.random.normal(k, leaf.shape, dtype) * s).astype(dtype))
+    leaves = [None] * len(paths)
+    for k, ((shape, s), idx) in zip(jax.random.split(key, len(groups)), groups.items()):
+      if s == 0.0:
+        drawn = jnp.ones((len(idx),) + shape, dtype)
+      else:  # uniform on [-s sqrt(3), s sqrt(3)]: standard deviation s
+        bound = s * 3.0 ** 0.5
+        drawn = jax.random.uniform(k, (len(idx),) + shape, dtype, -bound, bound)
+      for j, i in enumerate(idx):
+        leaves[i] = drawn[j]
     return jax.tree_util.tree_unflatten(treedef, leaves)
-  return jax.jit(make)(jax.random.PRNGKey(seed))
+  # 'rbg' (XLA's RngBitGenerator): cheap to compile, unlike threefry's unrolled rounds.
+  return jax.jit(make)(jax.random.key(seed, impl='rbg'))
 
 
 def median_times(fns: Dict[str, Callable[[], Any]], repeats: int) -> Dict[str, List[float]]:
