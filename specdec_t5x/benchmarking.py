@@ -18,6 +18,8 @@ from typing import Any, Callable, Dict, List
 import jax
 import jax.numpy as jnp
 
+from specdec_t5x import api
+
 
 def block(x):
   return jax.tree_util.tree_map(lambda a: a.block_until_ready() if hasattr(a, 'block_until_ready')
@@ -34,14 +36,6 @@ def wall(fn: Callable[[], Any]) -> float:
 _EXTEND_FNS: Dict[Any, Callable] = {}
 
 
-def _module_key(module) -> Any:
-  try:
-    hash(module)
-    return module
-  except TypeError:
-    return (type(module), id(module))
-
-
 def _repeated_extend(module, num_tokens: int, cache_len: int):
   """A jitted fn(params, enc, num_calls) that encodes, builds the cache and runs
   `num_calls` cached calls of `num_tokens` tokens.
@@ -51,7 +45,7 @@ def _repeated_extend(module, num_tokens: int, cache_len: int):
   0 calls, so the encoder is never dead code and cancels out of `call_costs`' difference.
   Memoised per (module, num_tokens, cache_len).
   """
-  key = (_module_key(module), num_tokens, cache_len)
+  key = (api._module_key(module), num_tokens, cache_len)  # pylint: disable=protected-access
   if key in _EXTEND_FNS:
     return _EXTEND_FNS[key]
 
