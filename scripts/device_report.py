@@ -1,7 +1,7 @@
 """Accelerator report: the paper's regime measured on one GPU/TPU, in one command.
 
   python scripts/device_report.py                      # default: sized for < 8 min on one H200
-  python scripts/device_report.py --tiny               # CPU smoke: tiny shapes, ~1 min, /tmp
+  python scripts/device_report.py --tiny               # CPU smoke: tiny shapes, 1-3 min, /tmp
   python scripts/device_report.py --sizes=small,xxl --parts=costs,table2,efficiency \
       --gammas=7 --num_examples=2                       # shrink: fewer sizes / parts / rows
 
