@@ -24,7 +24,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from specdec_t5x import benchmarking, evaluation, generate  # noqa: E402
+from specdec_t5x import batching, benchmarking, evaluation, generate  # noqa: E402
 
 DEMO = os.path.join(REPO, 'checkpoints', 'demo')
 
@@ -87,14 +87,14 @@ def main(argv=None):
   methods = [('ar', None)] + [(f'spec_g{g}', g) for g in gammas]
   for method, g in methods:
     kw = {} if g is None else {'draft': draft, 'gamma': g}
-    one = [np.asarray(generate(target, enc[r:r + 1], max_decode_length=args.max_len, **kw).tokens[0])
+    one = [np.asarray(generate(target, batching.trim_batch(enc[r:r + 1]), max_decode_length=args.max_len, **kw).tokens[0])
            for r in range(min(batches[-1], 16))]
     single[method] = one
   for b in batches:
     for method, g in methods:
       kw = {} if g is None else {'draft': draft, 'gamma': g}
-      sec, out = timed(lambda: generate(target, enc[:b], max_decode_length=args.max_len, **kw),
-                       args.repeats)
+      sec, out = timed(lambda: generate(target, batching.trim_batch(enc[:b]),
+                                        max_decode_length=args.max_len, **kw), args.repeats)
       st = summarize_stats(out)
       toks = np.asarray(out.tokens)
       checked = min(b, len(single[method]))

@@ -35,7 +35,6 @@ def run_demo(args, gammas):
   target = evaluation.load_model(args.target)
   task_names = args.tasks.split(',')
   examples = {t: evaluation.load_examples(t, args.num_examples) for t in task_names}
-  enc_len = evaluation.bucket(max(len(e.inputs) for ex in examples.values() for e in ex), 32)
   alpha_cells = []
   if args.alpha_json and os.path.exists(args.alpha_json):
     with open(args.alpha_json) as f:
@@ -43,7 +42,7 @@ def run_demo(args, gammas):
   groups = []
   bar = tqdm(total=len(task_names) * (1 + len(args.temperatures)), desc='speedup', unit='step')
   for task in task_names:
-    enc = evaluation.pad_batch([e.inputs for e in examples[task]], enc_len)
+    enc = evaluation.pad_batch([e.inputs for e in examples[task]])  # rows run at their buckets
     drafts = {name: evaluation.load_model(name, task) for name in args.drafts.split(',')}
     cost = evaluation.costs(target, drafts, enc, gammas, args.cost_calls, args.cost_repeats,
                              max_len=args.max_len)
