@@ -87,7 +87,8 @@ def main(argv=None):
   methods = [('ar', None)] + [(f'spec_g{g}', g) for g in gammas]
   for method, g in methods:
     kw = {} if g is None else {'draft': draft, 'gamma': g}
-    one = [np.asarray(generate(target, batching.trim_batch(enc[r:r + 1]), max_decode_length=args.max_len, **kw).tokens[0])
+    one = [np.asarray(generate(target, batching.trim_batch(enc[r:r + 1]),
+                               max_decode_length=args.max_len, **kw).tokens[0])
            for r in range(min(batches[-1], 16))]
     single[method] = one
   for b in batches:

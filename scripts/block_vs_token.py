@@ -22,8 +22,8 @@ from specdec_t5x import api, batching, benchmarking, evaluation
 
 
 def run_all(target, draft, enc, gamma, verifier, max_len):
-  outs = [api.generate(target, batching.trim_batch(enc[i:i + 1]), draft=draft, gamma=gamma, temperature=1.0,
-                       max_decode_length=max_len, rng=jax.random.PRNGKey(i),
+  outs = [api.generate(target, batching.trim_batch(enc[i:i + 1]), draft=draft, gamma=gamma,
+                       temperature=1.0, max_decode_length=max_len, rng=jax.random.PRNGKey(i),
                        verifier=verifier) for i in range(len(enc))]
   return benchmarking.block(outs)
 

@@ -337,6 +337,8 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
   total = _sum_chunks([store.chunks[str(c)] for c in range(num_chunks)])
   metrics = _metrics(task, output_path, total, settings, resumed_chunks=resumed,
                      num_examples=len(examples), batch_size=batch_size)
+  if getattr(model, 'gamma_choice', None):  # gamma='auto': what was measured and chosen
+    metrics['gamma_choice'] = model.gamma_choice
   metrics_name = 'metrics.json' if num_shards == 1 else (
       f'metrics-{shard_id:05}-of-{num_shards:05}.json')
   if base_store is not None:
@@ -370,9 +372,12 @@ def _print_summary(m: Mapping[str, Any]) -> None:
     return ', '.join(f'{k} {v:.2f}' for k, v in (scores or {}).items())
   print(f"{m['task']}: speculative [{fmt(m.get('metrics'))}] vs baseline "
         f"[{fmt(m['baseline'].get('metrics'))}]")
+  choice = m.get('gamma_choice')
+  gamma = (f"{choice['gamma']} (auto: alpha {choice['alpha']:.2f}, c {choice['c']:.2f})"
+           if choice else m.get('gamma'))
   print(f"alpha {m.get('alpha_empirical') or 0:.3f}, "
         f"{m.get('mean_tokens_per_target_call') or 0:.2f} tokens per target call, gamma "
-        f"{m.get('gamma')}")
+        f"{gamma}")
   print(f"walltime speedup {benchmarking.format_speedup(m.get('walltime_speedup_stats'))}")
 
 
