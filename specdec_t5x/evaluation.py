@@ -378,7 +378,7 @@ def from_gin(gin_files: Sequence[str], bindings: Sequence[str], num_examples: in
     tasks.register_tasks(kw['task_vocab_path'])
   seed = kw.get('fallback_init_rng')
   examples = infer_lib.load_examples(data.mixture_or_task_name, data,
-                                     allow_truncation=kw.get('allow_truncation', False),
+                                     allow_truncation=kw.get('allow_truncation', True),  # infer's default
                                      num_examples=num_examples, shard_id=0, num_shards=1)
   lengths = dict(data.task_feature_lengths)
   params = model.restore_target(restore.path, restore.dtype, seed)

@@ -1,7 +1,12 @@
 """T5 v1.0 / v1.1 encoder-decoder in Flax with a multi-token verification cache.
 
 The parameter tree is identical to T5X's `t5x/examples/t5/network.py`, so T5X parameters
-drop in unchanged. Beyond the teacher-forced forward pass it offers:
+drop in unchanged, and every parameter carries the same logical axis names (`init` returns
+T5X's `params_axes` collection, which T5X's partitioner reads). `__call__` takes T5X's module
+call signature (segment ids and positions of packed examples, `enable_dropout`, `decode`), so
+`t5x.models.EncoderDecoderModel` can initialise, train and score it. T5X's one-token decode
+cache (`decode=True`) is not implemented; decoding uses the methods below. Beyond the
+teacher-forced forward pass it offers:
 
 * `encode`: the encoder stack;
 * `init_cache`: cross-attention keys/values of the encoder output, computed once per
@@ -25,6 +30,7 @@ import dataclasses
 from typing import Any, Sequence
 
 import flax.linen as nn
+from flax.linen import partitioning as nn_partitioning
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -58,15 +64,30 @@ def _act(name: str):
   return getattr(nn, name)
 
 
+def _param(module: nn.Module, name: str, init, shape, axes: Sequence[str]):
+  """A float32 parameter of `module` that also records its logical axis names.
+
+  The names go to the `params_axes` collection as `<name>_axes` (flax's partitioning
+  metadata), which T5X's partitioner maps to mesh axes.
+  """
+  if len(axes) != len(shape):
+    raise ValueError(f'Parameter {name!r} of shape {shape} needs {len(shape)} logical axis '
+                     f'names, got {tuple(axes)}.')
+  return nn_partitioning.param_with_axes(name, init, shape, jnp.float32, axes=tuple(axes),
+                                         module=module)
+
+
 class Dense(nn.Module):
   """A bias-free dense layer whose kernel is stored 2-D as [in, out], as in T5X."""
   features: int
   dtype: Any = jnp.float32
   kernel_init: Any = nn.initializers.variance_scaling(1.0, 'fan_in', 'truncated_normal')
+  kernel_axes: Sequence[str] = ('embed', 'mlp')  # logical names of [in, out]
 
   @nn.compact
   def __call__(self, x):
-    kernel = self.param('kernel', self.kernel_init, (x.shape[-1], self.features), jnp.float32)
+    kernel = _param(self, 'kernel', self.kernel_init, (x.shape[-1], self.features),
+                    self.kernel_axes)
     return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
 
 
@@ -77,7 +98,7 @@ class RMSNorm(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    scale = self.param('scale', nn.initializers.ones, (x.shape[-1],), jnp.float32)
+    scale = _param(self, 'scale', nn.initializers.ones, (x.shape[-1],), ('embed',))
     x = x.astype(jnp.float32)
     y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.epsilon)
     return (y * scale).astype(self.dtype)
@@ -113,8 +134,8 @@ class RelativePositionBias(nn.Module):
   @nn.compact
   def __call__(self, query_pos, key_pos):
     """query_pos [batch, q], key_pos [batch or 1, k] -> bias [batch, heads, q, k]."""
-    table = self.param('rel_embedding', nn.initializers.variance_scaling(1.0, 'fan_avg', 'uniform'),
-                       (self.num_heads, NUM_BUCKETS), jnp.float32)
+    table = _param(self, 'rel_embedding', nn.initializers.variance_scaling(1.0, 'fan_avg', 'uniform'),
+                   (self.num_heads, NUM_BUCKETS), ('heads', 'relpos_buckets'))
     buckets = relative_position_bucket(key_pos[:, None, :] - query_pos[:, :, None],
                                        self.bidirectional)  # [batch, q, k]
     bias = jnp.take(table, buckets, axis=1)  # [heads, batch, q, k]
@@ -136,10 +157,11 @@ class Attention(nn.Module):
   def setup(self):
     inner = self.num_heads * self.head_dim
     # T5X folds the 1/sqrt(head_dim) query scaling into the query initialiser.
-    self.query = Dense(inner, self.dtype, _kernel_init(1.0 / self.head_dim))
-    self.key = Dense(inner, self.dtype, _kernel_init())
-    self.value = Dense(inner, self.dtype, _kernel_init())
-    self.out = Dense(self.out_dim, self.dtype, _kernel_init())
+    qkv_axes = ('embed', 'joined_kv')
+    self.query = Dense(inner, self.dtype, _kernel_init(1.0 / self.head_dim), qkv_axes)
+    self.key = Dense(inner, self.dtype, _kernel_init(), qkv_axes)
+    self.value = Dense(inner, self.dtype, _kernel_init(), qkv_axes)
+    self.out = Dense(self.out_dim, self.dtype, _kernel_init(), ('joined_kv', 'embed'))
     self.dropout = nn.Dropout(self.dropout_rate)
 
   def _split(self, x):
@@ -176,10 +198,11 @@ class MlpBlock(nn.Module):
     h = None
     for i, name in enumerate(self.activations):
       dense_name = 'wi' if len(self.activations) == 1 else f'wi_{i}'
-      y = _act(name)(Dense(self.mlp_dim, self.dtype, _kernel_init(), name=dense_name)(x))
+      y = _act(name)(Dense(self.mlp_dim, self.dtype, _kernel_init(), ('embed', 'mlp'),
+                           name=dense_name)(x))
       h = y if h is None else h * y
     h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
-    return Dense(x.shape[-1], self.dtype, _kernel_init(), name='wo')(h)
+    return Dense(x.shape[-1], self.dtype, _kernel_init(), ('mlp', 'embed'), name='wo')(h)
 
 
 def _attention(cfg: T5Config) -> Attention:
@@ -254,26 +277,82 @@ def _mask_to_bias(mask):
   return jnp.where(mask, 0.0, NEG_INF).astype(jnp.float32)
 
 
+def _pairwise(query, key, fn=jnp.logical_and):
+  """[batch, q], [batch, k] -> [batch, q, k]: fn of every (query, key) pair."""
+  return fn(query[:, :, None], key[:, None, :])
+
+
+class Embed(nn.Module):
+  """The shared token embedding `embedding [vocab, emb]` (input tokens and tied logits)."""
+  num_embeddings: int
+  features: int
+  dtype: Any = jnp.float32
+  embedding_init: Any = nn.initializers.normal(stddev=1.0)
+
+  def setup(self):
+    self.embedding = _param(self, 'embedding', self.embedding_init,
+                            (self.num_embeddings, self.features), ('vocab', 'embed'))
+
+  def __call__(self, tokens):
+    """[...] int -> [..., emb]."""
+    if not jnp.issubdtype(tokens.dtype, jnp.integer):
+      raise ValueError(f'Embed takes integer token ids, got dtype {tokens.dtype}.')
+    return jnp.take(self.embedding.astype(self.dtype), tokens, axis=0)
+
+  def attend(self, query):
+    """[..., emb] -> [..., vocab]: dot products with every embedding."""
+    return jnp.dot(query.astype(self.dtype), self.embedding.astype(self.dtype).T)
+
+
+_T5X_DECODE_UNSUPPORTED = (
+    'specdec_t5x.network.Transformer does not implement T5X\'s one-token autoregressive cache '
+    '(called with decode={decode}, prefill={prefill}). Decode with specdec_t5x.generate, or '
+    'with the network\'s encode / init_cache / extend methods (a cache that takes k tokens per '
+    'call at per-row positions); specdec_t5x.models.EncoderDecoderModel does this for T5X.')
+
+
+def _check_not_t5x_decode(decode, prefill):
+  if decode or prefill:
+    raise NotImplementedError(_T5X_DECODE_UNSUPPORTED.format(decode=decode, prefill=prefill))
+
+
 class Transformer(nn.Module):
   """T5 encoder-decoder; `apply` gives teacher-forced logits [batch, length, vocab]."""
   config: T5Config
 
   def setup(self):
     cfg = self.config
-    self.token_embedder = nn.Embed(cfg.vocab_size, cfg.emb_dim, dtype=cfg.dtype,
-                                   embedding_init=nn.initializers.normal(stddev=1.0))
+    self.token_embedder = Embed(cfg.vocab_size, cfg.emb_dim, dtype=cfg.dtype)
     self.encoder = Encoder(cfg, self.token_embedder)
     self.decoder = Decoder(cfg, self.token_embedder)
 
-  def encode(self, encoder_input_tokens, enable_dropout: bool = False):
-    """[batch, enc_len] int -> [batch, enc_len, emb]."""
-    return self.encoder(encoder_input_tokens, deterministic=not enable_dropout)
+  def encode(self, encoder_input_tokens, encoder_segment_ids=None, enable_dropout: bool = False):
+    """[batch, enc_len] int -> [batch, enc_len, emb].
+
+    `encoder_segment_ids` [batch, enc_len] (packed examples): tokens attend only within
+    their segment.
+    """
+    return self.encoder(encoder_input_tokens, encoder_segment_ids,
+                        deterministic=not enable_dropout)
 
   def decode(self, encoded, encoder_input_tokens, decoder_input_tokens,
-             decoder_target_tokens=None, enable_dropout: bool = False):
-    """Teacher-forced decoder: -> logits [batch, dec_len, vocab] (float32)."""
+             decoder_target_tokens=None, encoder_segment_ids=None, decoder_segment_ids=None,
+             decoder_positions=None, enable_dropout: bool = False, decode: bool = False,
+             max_decode_length=None, prefill: bool = False, prefill_lengths=None):
+    """Teacher-forced decoder: -> logits [batch, dec_len, vocab] (float32).
+
+    T5X's `decode` signature. `decoder_target_tokens` masks padding (tokens <= 0) when
+    given. `decoder_positions` is accepted and unused, as in T5X's T5: the relative
+    position bias depends only on index differences, which equal position differences
+    within a packed segment, and attention never crosses segments. `decode=True` /
+    `prefill=True` (T5X's cache) raise NotImplementedError; `max_decode_length` and
+    `prefill_lengths` only matter with them.
+    """
+    del decoder_positions, max_decode_length, prefill_lengths  # See the docstring.
+    _check_not_t5x_decode(decode, prefill)
     return self.decoder(encoded, encoder_input_tokens, decoder_input_tokens,
-                        decoder_target_tokens, deterministic=not enable_dropout)
+                        decoder_target_tokens, encoder_segment_ids, decoder_segment_ids,
+                        deterministic=not enable_dropout)
 
   def init_cache(self, encoded, encoder_input_tokens, max_length: int):
     """Decode cache for up to `max_length` positions (0..max_length-1) per row."""
@@ -284,10 +363,41 @@ class Transformer(nn.Module):
     return self.decoder.extend(cache, tokens, positions)
 
   def __call__(self, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens=None,
-               enable_dropout: bool = False):
-    encoded = self.encode(encoder_input_tokens, enable_dropout)
+               encoder_segment_ids=None, decoder_segment_ids=None, encoder_positions=None,
+               decoder_positions=None, *, enable_dropout: bool = False, decode: bool = False,
+               max_decode_length=None, prefill: bool = False, prefill_lengths=None):
+    """Teacher-forced logits [batch, dec_len, vocab] (float32); T5X's module signature.
+
+    Args:
+      encoder_input_tokens: [batch, enc_len] int, 0 = padding.
+      decoder_input_tokens: [batch, dec_len] int, the targets shifted right.
+      decoder_target_tokens: [batch, dec_len] int or None; when given, decoder positions
+        whose target is 0 attend to nothing and are attended by nothing.
+      encoder_segment_ids: [batch, enc_len] or None: packed-example ids; encoder tokens
+        attend within their segment, and decoder tokens attend to encoder tokens of their
+        own segment (needs `decoder_segment_ids`).
+      decoder_segment_ids: [batch, dec_len] or None: causal self-attention within segment.
+      encoder_positions: accepted and unused, as in T5X's T5 (relative attention; see
+        `decode`).
+      decoder_positions: likewise.
+      enable_dropout: dropout on (training) or off. The default is off, unlike T5X's
+        network; T5X's model classes always pass it.
+      decode: T5X's one-token cache; True raises NotImplementedError (use
+        specdec_t5x.generate, or encode / init_cache / extend).
+      max_decode_length: only meaningful with `decode`.
+      prefill: T5X's cache prefill; True raises NotImplementedError.
+      prefill_lengths: only meaningful with `prefill`.
+
+    Returns:
+      logits [batch, dec_len, vocab] float32.
+    """
+    del encoder_positions  # See the docstring.
+    _check_not_t5x_decode(decode, prefill)
+    encoded = self.encode(encoder_input_tokens, encoder_segment_ids, enable_dropout)
     return self.decode(encoded, encoder_input_tokens, decoder_input_tokens,
-                       decoder_target_tokens, enable_dropout)
+                       decoder_target_tokens, encoder_segment_ids, decoder_segment_ids,
+                       decoder_positions, enable_dropout=enable_dropout,
+                       max_decode_length=max_decode_length, prefill_lengths=prefill_lengths)
 
 
 class Encoder(nn.Module):
@@ -301,11 +411,14 @@ class Encoder(nn.Module):
     self.encoder_norm = RMSNorm(cfg.dtype)
     self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
 
-  def __call__(self, tokens, deterministic: bool = True):
+  def __call__(self, tokens, segment_ids=None, deterministic: bool = True):
     length = tokens.shape[1]
     pos = jnp.arange(length)[None, :]
     valid = tokens > 0
-    bias = self.relpos_bias(pos, pos) + _mask_to_bias(valid[:, None, None, :] & valid[:, None, :, None])
+    mask = _pairwise(valid, valid)  # [batch, len, len]
+    if segment_ids is not None:
+      mask = mask & _pairwise(segment_ids, segment_ids, jnp.equal)
+    bias = self.relpos_bias(pos, pos) + _mask_to_bias(mask[:, None])
     x = self.dropout(self.shared_embedding(tokens.astype(jnp.int32)), deterministic=deterministic)
     for layer in self.layers:
       x = layer(x, bias, deterministic)
@@ -323,7 +436,7 @@ class Decoder(nn.Module):
     self.decoder_norm = RMSNorm(cfg.dtype)
     self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
     if not cfg.logits_via_embedding:
-      self.logits_dense = Dense(cfg.vocab_size, cfg.dtype, _kernel_init())
+      self.logits_dense = Dense(cfg.vocab_size, cfg.dtype, _kernel_init(), ('embed', 'vocab'))
 
   def _logits(self, x, deterministic):
     x = self.dropout(self.decoder_norm(x), deterministic=deterministic)
@@ -334,18 +447,25 @@ class Decoder(nn.Module):
     return logits.astype(jnp.float32)
 
   def __call__(self, encoded, encoder_tokens, decoder_input_tokens, decoder_target_tokens=None,
-               deterministic: bool = True):
+               encoder_segment_ids=None, decoder_segment_ids=None, deterministic: bool = True):
+    if encoder_segment_ids is not None and decoder_segment_ids is None:
+      raise ValueError('encoder_segment_ids was given without decoder_segment_ids; packed '
+                       'examples need both (cross attention stays within a segment).')
     length = decoder_input_tokens.shape[1]
     pos = jnp.arange(length)[None, :]
-    mask = pos[:, None, :] <= pos[:, :, None]  # [1, q, k] causal
+    mask = _pairwise(pos, pos, jnp.greater_equal)  # [1, q, k] causal
     dec_valid = (decoder_target_tokens > 0) if decoder_target_tokens is not None else None
     if dec_valid is not None:
-      mask = mask & dec_valid[:, None, :] & dec_valid[:, :, None]
+      mask = mask & _pairwise(dec_valid, dec_valid)
+    if decoder_segment_ids is not None:
+      mask = mask & _pairwise(decoder_segment_ids, decoder_segment_ids, jnp.equal)
     self_bias = self.relpos_bias(pos, pos) + _mask_to_bias(mask[:, None])
-    cross_mask = (encoder_tokens > 0)[:, None, None, :]  # [b, 1, 1, enc]
+    cross_mask = (encoder_tokens > 0)[:, None, :]  # [b, 1, enc]
     if dec_valid is not None:
-      cross_mask = cross_mask & dec_valid[:, None, :, None]
-    cross_bias = _mask_to_bias(cross_mask)
+      cross_mask = cross_mask & dec_valid[:, :, None]
+    if encoder_segment_ids is not None:
+      cross_mask = cross_mask & _pairwise(decoder_segment_ids, encoder_segment_ids, jnp.equal)
+    cross_bias = _mask_to_bias(cross_mask[:, None])
     x = self.shared_embedding(decoder_input_tokens.astype(jnp.int32))
     x = self.dropout(x, deterministic=deterministic)
     for layer in self.layers:

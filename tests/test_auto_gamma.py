@@ -110,3 +110,15 @@ def test_infer_with_auto_gamma(monkeypatch, tmp_path, capsys):
   predictions = lambda p: [json.loads(l)['prediction'] for l in p.read_text('utf-8').splitlines()]
   assert predictions(spec) == predictions(base) and len(predictions(spec)) == 4
   assert f"gamma {choice['gamma']} (auto: alpha " in capsys.readouterr().out
+
+
+def test_auto_gamma_needs_concrete_inputs(target_and_draft):
+  """Under a tracing runner (T5X's infer jits the model) the error says what to do."""
+  (t_module, t_params), (d_module, d_params) = target_and_draft
+  model = models.StandaloneSpeculativeModel(t_module, draft_module=d_module,
+                                            draft_params=d_params, gamma='auto',
+                                            gamma_alpha=0.5, max_decode_length=4)
+  decode = jax.jit(lambda enc: model.predict_batch_with_stats(
+      t_params, {'encoder_input_tokens': enc})[0])
+  with pytest.raises(ValueError, match='concrete inputs.*integer gamma'):
+    decode(ENC)
