@@ -105,8 +105,8 @@ def test_infer_with_auto_gamma(monkeypatch, tmp_path, capsys):
   assert metrics['gamma'] == 'auto' and choice['alpha_source'].startswith('warm-up')
   assert 1 <= choice['gamma'] <= auto_gamma.MAX_GAMMA and 0.0 <= choice['alpha'] <= 1.0
   assert len(metrics['accepted_length_histogram']) == choice['gamma'] + 1
-  spec, base = (tmp_path / f'demo_ende-predict{s}.jsonl-00000-of-00001'
-                for s in ('', '-baseline'))
+  spec = tmp_path / metrics['predictions_file']
+  base = tmp_path / metrics['baseline']['predictions_file']
   predictions = lambda p: [json.loads(l)['prediction'] for l in p.read_text('utf-8').splitlines()]
   assert predictions(spec) == predictions(base) and len(predictions(spec)) == 4
   assert f"gamma {choice['gamma']} (auto: alpha " in capsys.readouterr().out
