@@ -282,9 +282,7 @@ def part_demo(args) -> Dict[str, Any]:
   batches = _ints(args.batch_sizes)
   task = args.demo_tasks.split(',')[0]
   examples = evaluation.load_examples(task, max(batches))
-  # The sweep's padding rule, so batch 1 reuses its compiled programs where rows coincide.
-  enc = evaluation.pad_batch([e.inputs for e in examples],
-                             evaluation.bucket(max(len(e.inputs) for e in examples), 32))
+  enc = evaluation.pad_batch([e.inputs for e in examples])  # batches run at their buckets
   draft = evaluation.load_model(args.demo_drafts.split(',')[0], task)
   batch_rows = evaluation.batch_throughput(
       evaluation.load_model('demo_target'), draft, enc, batches, [args.batch_gamma],

@@ -363,10 +363,9 @@ def demo_speedups(target_name: str, draft_names: Sequence[str], tasks: Sequence[
   """
   target = load_model(target_name)
   examples = {t: load_examples(t, num_examples) for t in tasks}
-  enc_len = bucket(max(len(e.inputs) for ex in examples.values() for e in ex), 32)
   groups = []
   for task in tasks:
-    enc = pad_batch([e.inputs for e in examples[task]], enc_len)
+    enc = pad_batch([e.inputs for e in examples[task]])  # rows run at their length buckets
     drafts_ = {name: load_model(name, task) for name in draft_names}
     cost = costs(target, drafts_, enc, gammas, cost_calls, cost_repeats, max_len=max_len)
     if progress is not None:
