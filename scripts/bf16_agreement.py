@@ -1,7 +1,8 @@
 """What holds exactly in bfloat16: our T5 vs stock T5X, and greedy speculative vs greedy AR.
 
   python scripts/bf16_agreement.py                # results/bf16_agreement.{json,md}, ~minutes
-  python scripts/bf16_agreement.py --time         # also times the cost of --logits_dtype
+  python scripts/bf16_agreement.py --diagnose     # results/bf16_agreement_diagnosis.*, ~1 min
+  python scripts/bf16_agreement.py --time         # also times our AR decode per dtype
 
 Takes the demo family (checkpoints/demo: target demo_target/checkpoint_2239, draft
 demo_draft_m/checkpoint_5682; sizes from their config.json, as configs/demo.gin) and the
@@ -17,6 +18,11 @@ Measures, per dtype (bfloat16, float32):
    rows identical (EOS-terminated token lists);
 3. greedy speculative decoding (each --gammas) vs our greedy autoregressive decoding:
    rows identical, and target calls.
+
+With --diagnose it instead finds where a (gamma + 1)-token call (speculative verification)
+first differs in bits from gamma + 1 one-token calls (autoregressive decoding) on the same
+cache and tokens, module by module in call order, and writes
+results/bf16_agreement_diagnosis.{json,md}.
 
 With --time it also times our autoregressive decode in each dtype (batch 1, the
 benchmarking module's interleaved repeats): run it on an idle machine only.
@@ -141,6 +147,41 @@ def time_ar(dtypes: Sequence[str], enc: np.ndarray, repeats: int) -> Dict[str, f
   return {k: float(np.median(v)) for k, v in times.items()}
 
 
+def diagnose(dtype: str, enc: np.ndarray, refs: np.ndarray, k: int) -> Dict[str, Any]:
+  """Bitwise differences, per module output in call order, between one k-token extend call
+  and k one-token calls on the same cache and reference tokens (positions 0..k-1)."""
+  from flax import traverse_util  # pylint: disable=g-import-not-at-top
+  module, params = load(TARGET, dtype)
+  dec = np.pad(refs[:, :-1], ((0, 0), (1, 0)))
+  encoded = module.apply({'params': params}, enc, method='encode')
+  cache = module.apply({'params': params}, encoded, enc, MAX_LEN + 8, method='init_cache')
+  def step(c, start, num):  # -> (logits, cache, {module path: captured outputs})
+    (logits, c), state = module.apply(
+        {'params': params}, c, jnp.asarray(dec[:, start:start + num]),
+        jnp.full((len(enc),), start, jnp.int32), method='extend',
+        capture_intermediates=lambda *_: True, mutable=['intermediates'])
+    return logits, c, traverse_util.flatten_dict(state['intermediates'])
+  many, _, many_inter = step(cache, 0, k)
+  singles, inters, c = [], [], cache
+  for i in range(k):  # each one-token call sees the cache its predecessors wrote
+    logits, c, inter = step(c, i, 1)
+    singles.append(logits)
+    inters.append(inter)
+  rows = []
+  for path, (value, *_) in many_inter.items():
+    parts = [inter.get(path, (None,))[0] for inter in inters]
+    if (not hasattr(value, 'ndim') or value.ndim < 3 or value.shape[1] != k
+        or any(getattr(x, 'shape', (0, 0))[1:2] != (1,) for x in parts)):
+      continue  # only [batch, tokens, ...] outputs line up token by token
+    joined = np.concatenate([np.asarray(x, np.float32) for x in parts], 1)
+    differing = int((joined != np.asarray(value, np.float32)).sum())
+    rows.append({'module': '/'.join(path), 'differing': differing, 'size': int(value.size)})
+  first = next((r for r in rows if r['differing']), None)
+  logits_equal = bool(np.array_equal(np.concatenate(singles, 1), many))
+  return {'dtype': dtype, 'tokens_per_call': k, 'rows': len(enc), 'logits_equal': logits_equal,
+          'first_differing_module': first, 'modules': rows}
+
+
 def measure(args) -> Dict[str, Any]:
   examples = evaluation.load_examples('ende', args.num_examples, max_input_len=INPUT_LEN)
   enc = evaluation.pad_batch([e.inputs for e in examples], INPUT_LEN)
@@ -205,6 +246,33 @@ def render(r: Dict[str, Any]) -> str:
   return '\n'.join(lines) + '\n'
 
 
+def run_diagnosis(args) -> None:
+  examples = evaluation.load_examples('ende', args.batch_size, max_input_len=INPUT_LEN)
+  enc = evaluation.pad_batch([e.inputs for e in examples], INPUT_LEN)
+  refs = evaluation.pad_batch([e.targets[:MAX_LEN] for e in examples], MAX_LEN)
+  k = max(int(g) for g in args.gammas.split(',')) + 1
+  cells = [diagnose(d, enc, refs, k) for d in DTYPES]
+  result = {'command': 'python scripts/bf16_agreement.py ' + ' '.join(sys.argv[1:]),
+            'environment': benchmarking.environment(), 'args': vars(args), 'cells': cells}
+  benchmarking.write_json(args.out + '_diagnosis.json', result)
+  lines = ['# Where a verify-shaped call first differs from one-token calls (demo target)', '',
+           f"Command: `{result['command']}`", '', f"Environment: {result['environment']}", '',
+           f'{args.batch_size} rows (the first inputs and their references), one {k}-token '
+           f'extend call vs {k} one-token calls on the same cache; per module output in call '
+           'order, elements whose bits differ.', '']
+  for c in cells:
+    f = c['first_differing_module']
+    lines.append(f"- {c['dtype']}: logits equal: {c['logits_equal']}; first differing module "
+                 'output: ' + (f"`{f['module']}` ({f['differing']} of {f['size']} elements)"
+                              if f else 'none') + '.')
+  for c in cells:
+    lines += ['', f"{c['dtype']}:", '', '| module | differing | size |', '|---|---|---|']
+    lines += [f"| {r['module']} | {r['differing']} | {r['size']} |" for r in c['modules']]
+  text = '\n'.join(lines) + '\n'
+  benchmarking.write_text(args.out + '_diagnosis.md', text)
+  print(text)
+
+
 def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   p.add_argument('--num_examples', type=int, default=100)
@@ -213,9 +281,14 @@ def main(argv=None) -> None:
   p.add_argument('--float32_attention_logits', action='store_true',
                  help="T5Config's flag, for both networks (T5X's configs leave it off)")
   p.add_argument('--time', action='store_true', help='also time (idle machine only)')
+  p.add_argument('--diagnose', action='store_true',
+                 help='only locate the first bitwise difference of a verify-shaped call')
   p.add_argument('--repeats', type=int, default=20)
   p.add_argument('--out', default=os.path.join(evaluation.REPO_ROOT, 'results', 'bf16_agreement'))
   args = p.parse_args(argv)
+  if args.diagnose:
+    run_diagnosis(args)
+    return
   result = measure(args)
   result = {'command': 'python scripts/bf16_agreement.py ' + ' '.join(sys.argv[1:]),
             'environment': benchmarking.environment(), 'args': vars(args), **result}
