@@ -344,6 +344,94 @@ def speculative_stats(target: ModelAndParams, draft: ModelAndParams, enc: np.nda
   return total
 
 
+def demo_speedups(target_name: str, draft_names: Sequence[str], tasks: Sequence[str],
+                  temperatures: Sequence[float], gammas: Sequence[int], num_examples: int,
+                  max_len: int, repeats: int = 3, cost_calls: int = 32, cost_repeats: int = 7,
+                  seed: int = 0, alpha_cells: Sequence[Dict[str, Any]] = (),
+                  progress: Optional[Any] = None) -> List[Dict[str, Any]]:
+  """The demo family's Table 2: per task, call costs (`costs`) and, per temperature, the
+  `sweep` of every draft and gamma over the task's first `num_examples` test inputs.
+
+  `alpha_cells`: measure_alpha's cells (task, draft, temperature, alpha); their alpha
+  drives theory (else the fit). `progress.update(1)` is called after each costs / sweep.
+  Returns one group per (task, temperature): {'task', 'temperature', 'costs_s', **sweep}.
+  """
+  target = load_model(target_name)
+  examples = {t: load_examples(t, num_examples) for t in tasks}
+  enc_len = bucket(max(len(e.inputs) for ex in examples.values() for e in ex), 32)
+  groups = []
+  for task in tasks:
+    enc = pad_batch([e.inputs for e in examples[task]], enc_len)
+    drafts_ = {name: load_model(name, task) for name in draft_names}
+    cost = costs(target, drafts_, enc, gammas, cost_calls, cost_repeats, max_len=max_len)
+    if progress is not None:
+      progress.update(1)
+    for temp in temperatures:
+      alphas = {c['draft']: c['alpha'] for c in alpha_cells
+                if c['task'] == task and c['temperature'] == temp}
+      res = sweep(target, drafts_, enc, max_len, gammas, sampling.SamplingConfig(temp), cost,
+                  repeats, seed, alphas=alphas)
+      groups.append({'task': task, 'temperature': temp, 'costs_s': cost, **res})
+      if progress is not None:
+        progress.update(1)
+  return groups
+
+
+def summarize_stats(out) -> Dict[str, Optional[float]]:
+  """Totals over a generate() output's rows: generated tokens, target calls, tokens per
+  call and alpha = accepted / drafted (None when nothing was drafted)."""
+  s = {k: np.asarray(v) for k, v in out.stats.items()}
+  gen, calls = float(s['generated_tokens'].sum()), float(s['target_calls'].sum())
+  drafted = float(s['drafted_tokens'].sum())
+  return {'generated_tokens': gen, 'target_calls': calls,
+          'tokens_per_call': gen / max(calls, 1.0),
+          'alpha': float(s['accepted_tokens'].sum()) / drafted if drafted else None}
+
+
+def batch_throughput(target: ModelAndParams, draft: ModelAndParams, enc: np.ndarray,
+                     batches: Sequence[int], gammas: Sequence[int], max_len: int,
+                     repeats: int = 2, check_rows: int = 16, eos_id: int = 1,
+                     report: Optional[Any] = None) -> List[Dict[str, Any]]:
+  """Greedy tokens/s of AR and speculative decoding (each gamma) on enc[:b] in one call,
+  for each batch size b; per batch the methods are timed interleaved after compilation.
+
+  Each row: batch, method ('ar' / 'spec_g{gamma}'), gamma, median seconds, tokens/s
+  (generated tokens / seconds), speedup_vs_ar at the same batch, summarize_stats, and
+  whether the first `check_rows` rows equal their batch-1 decodes. `report(row)` is
+  called as each row is ready.
+  """
+  if max(batches) > len(enc):
+    raise ValueError(f'batch {max(batches)} needs {max(batches)} encoder rows, got {len(enc)}.')
+  methods = {'ar': None, **{f'spec_g{g}': g for g in gammas}}
+
+  def decode(rows, g):
+    kw = {} if g is None else {'draft': draft, 'gamma': g}
+    return lambda: api.generate(target, rows, max_decode_length=max_len, eos_id=eos_id, **kw)
+  checked = min(max(batches), check_rows)
+  single = {m: [np.asarray(decode(enc[r:r + 1], g)().tokens[0]) for r in range(checked)]
+            for m, g in methods.items()}
+  rows = []
+  for b in batches:
+    fns = {m: decode(enc[:b], g) for m, g in methods.items()}
+    med = {m: statistics.median(t) for m, t in benchmarking.median_times(fns, repeats).items()}
+    for m, g in methods.items():
+      out = fns[m]()
+      st = summarize_stats(out)
+      tokens, n = np.asarray(out.tokens), min(b, checked)
+      row = dict(batch=b, method=m, gamma=g, seconds=med[m],
+                 tokens_per_s=st['generated_tokens'] / med[m],
+                 rows_equal_batch1=all(np.array_equal(tokens[r], single[m][r]) for r in range(n)),
+                 rows_checked=n, **st)
+      rows.append(row)
+    ar = next(r for r in rows if r['batch'] == b and r['method'] == 'ar')
+    for r in rows:
+      if r['batch'] == b:
+        r['speedup_vs_ar'] = r['tokens_per_s'] / ar['tokens_per_s']
+        if report is not None:
+          report(r)
+  return rows
+
+
 # ------------------------------------------------------------------ gin run files
 
 
@@ -373,7 +461,7 @@ def from_gin(gin_files: Sequence[str], bindings: Sequence[str], num_examples: in
     tasks.register_tasks(kw['task_vocab_path'])
   seed = kw.get('fallback_init_rng')
   examples = infer_lib.load_examples(data.mixture_or_task_name, data,
-                                     allow_truncation=kw.get('allow_truncation', False),
+                                     allow_truncation=kw.get('allow_truncation', True),  # infer's default
                                      num_examples=num_examples, shard_id=0, num_shards=1)
   lengths = dict(data.task_feature_lengths)
   params = model.restore_target(restore.path, restore.dtype, seed)

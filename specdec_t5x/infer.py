@@ -108,8 +108,8 @@ def load_examples(task_name: str, dataset_cfg: Any, *, allow_truncation: bool,
   except ValueError as e:
     if 'input tokens' not in str(e):
       raise
-    raise ValueError(f'{e} To cut such inputs instead, set '
-                     '--gin.infer.allow_truncation=True.') from e
+    raise ValueError(f'{e} To cut such inputs instead (as T5X does), leave '
+                     '--gin.infer.allow_truncation at True.') from e
   if not examples[shard_id::num_shards]:
     raise ValueError(f'{task_name}:{dataset_cfg.split} has no examples for shard {shard_id}.')
   return examples[shard_id::num_shards]
@@ -203,7 +203,7 @@ def _sum_chunks(infos: List[Dict[str, Any]]) -> Dict[str, Any]:
 
 def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: Any,
           output_dir: str, partitioner: Any = None, checkpoint_period: int = 100,
-          shard_id: int = 0, num_shards: int = 1, allow_truncation: bool = False,
+          shard_id: int = 0, num_shards: int = 1, allow_truncation: bool = True,
           num_examples: Optional[int] = None, decode_seed: int = 0,
           fallback_init_rng: Optional[int] = None, task_vocab_path: Optional[str] = None,
           task_data_dir: Optional[str] = None, tfds_data_dir: Optional[str] = None,
@@ -220,8 +220,9 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
     partitioner: partitioning.PjitPartitioner to shard params and batches, or None.
     checkpoint_period: batches per chunk (results made durable after each chunk).
     shard_id, num_shards: this job's share of the examples (every num_shards-th).
-    allow_truncation: cut inputs longer than task_feature_lengths['inputs'] instead of
-      raising.
+    allow_truncation: cut inputs longer than task_feature_lengths['inputs'] (as T5X's
+      infer always does; metrics.json counts the inputs that reach the limit as
+      `inputs_at_length_limit`); False: raise on the first such input.
     num_examples: decode only the first this many examples (None: all).
     decode_seed: base PRNG seed; batch i uses fold_in(fold_in(seed, shard_id), i).
     fallback_init_rng: with a None checkpoint path, initialise randomly from this seed.
@@ -324,8 +325,10 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
   output_path = os.path.join(output_dir, output_fname)
   store.assemble(num_chunks, output_path)
   total = _sum_chunks([store.chunks[str(c)] for c in range(num_chunks)])
+  at_limit = sum(len(ex['inputs']) >= lengths['inputs'] for ex in examples)
   metrics = _metrics(task, output_path, total, settings, resumed_chunks=resumed,
-                     num_examples=len(examples), batch_size=batch_size)
+                     num_examples=len(examples), batch_size=batch_size,
+                     inputs_at_length_limit=int(at_limit))
   metrics_name = 'metrics.json' if num_shards == 1 else (
       f'metrics-{shard_id:05}-of-{num_shards:05}.json')
   if base_store is not None:

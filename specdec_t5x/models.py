@@ -19,6 +19,7 @@ import dataclasses
 import os
 from typing import Any, Dict, Mapping, Optional, Tuple
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -93,6 +94,10 @@ def summarize_stats(total: Mapping[str, Any]) -> Dict[str, Any]:
   return out
 
 
+def _fmt(value: Optional[float]) -> str:
+  return 'n/a' if value is None else f'{value:.3f}'
+
+
 def _dtype(name: Optional[str]):
   return None if name is None else jnp.dtype(name)
 
@@ -134,6 +139,7 @@ class _SpeculativeMixin:
     self.topk, self.topp = int(topk), float(topp)
     self.max_decode_length = max_decode_length
     self.lenience, self.verifier = float(lenience), verifier
+    self._run_totals: Dict[str, Any] = {}
     if self.gamma < 1:
       raise ValueError(f'gamma must be >= 1, got {gamma}.')
     if not 0.0 < self.lenience <= 1.0:
@@ -176,7 +182,9 @@ class _SpeculativeMixin:
     own = getattr(self, 'output_vocabulary', None)
     if own is not None and not same_sentencepiece(own, vocab):
       raise ValueError(f'Model and task vocabularies differ: model {_spm_identity(own)}, '
-                       f'task {_spm_identity(vocab)}; set VOCAB_PATH / TASK_VOCAB_PATH.')
+                       f'task {_spm_identity(vocab)}; set VOCAB_PATH / VOCAB_EXTRA_IDS, or '
+                       "register the task with the model's vocabulary in a module named by "
+                       'MIXTURE_OR_TASK_MODULE.')
     size = self.target_module.config.vocab_size
     if size < vocab.vocab_size:
       raise ValueError(f'Target vocab_size={size} is smaller than the task vocabulary '
@@ -239,8 +247,13 @@ class _SpeculativeMixin:
         raise ValueError('Set max_decode_length or pass batch["decoder_input_tokens"].')
       max_len = int(np.shape(batch['decoder_input_tokens'])[1])
     if self.is_speculative and self._draft_params is None and self.draft_checkpoint:
-      # T5X's runners restore only the target (TrainState); load the draft on first use.
+      # T5X's runners restore only the target (TrainState); load the draft on first use,
+      # replicated on every device (jit passes it to the program as an argument).
       self.restore_draft()
+      replicated = jax.sharding.NamedSharding(
+          jax.sharding.Mesh(np.asarray(jax.devices()), ('devices',)),
+          jax.sharding.PartitionSpec())
+      self._draft_params = jax.device_put(self._draft_params, replicated)
     draft = (self.draft_module, self.draft_params) if self.is_speculative else None
     out = api.generate((self.target_module, params), batch['encoder_input_tokens'],
                        draft=draft, gamma=self.gamma, temperature=self.temperature,
@@ -269,8 +282,33 @@ class _SpeculativeMixin:
     if prompt_with_targets:
       raise NotImplementedError('prompt_with_targets is not supported.')
     rng = dict(decoder_params or {}).get('decode_rng', rng)
-    decodes, aux, _ = self.predict_batch_with_stats(params, batch, rng=rng)
+    decodes, aux, batch_stats = self.predict_batch_with_stats(params, batch, rng=rng)
+    # T5X's infer keeps no run-level statistics: add each batch's to the run's on the host.
+    real = jnp.any(jnp.asarray(batch['encoder_input_tokens']) != 0, axis=1)  # [batch]
+    del batch_stats  # Its histogram counts the rows T5X pads a last batch with.
+    jax.debug.callback(self._add_run_stats, aux, real)
     return decodes, aux
+
+  def _add_run_stats(self, aux: Mapping[str, Any], real: Any) -> None:
+    """Adds one batch's per-example statistics (rows that T5X padded in excluded) to the
+    run's totals and logs the run's alpha and tokens per target call so far."""
+    real = np.asarray(real, bool)
+    totals = self._run_totals
+    for k in PER_EXAMPLE_STATS:
+      totals[k] = totals.get(k, 0) + int(np.sum(np.asarray(aux[k])[real]))
+    totals['examples'] = totals.get('examples', 0) + int(real.sum())
+    stats = self.run_stats()
+    logging.info('specdec_t5x: %d examples: alpha %s, %s tokens per target call '
+                 '(%d generated tokens, %d target calls, gamma %s)', totals['examples'],
+                 _fmt(stats['alpha_empirical']), _fmt(stats['mean_tokens_per_target_call']),
+                 stats['generated_tokens'], stats['target_calls'],
+                 self.gamma if self.is_speculative else None)
+
+  def run_stats(self) -> Dict[str, Any]:
+    """The speculative statistics of every `predict_batch_with_aux` call so far (what
+    `python -m t5x.infer` logs), as `summarize_stats` gives them."""
+    return dict(summarize_stats(self._run_totals),
+                examples=self._run_totals.get('examples', 0))
 
   def predict_batch(self, params: Any, batch: Mapping[str, Any],
                     rng: Optional[jax.Array] = None, **unused) -> jax.Array:

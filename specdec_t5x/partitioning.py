@@ -10,6 +10,11 @@ So query/key/value kernels are sharded (None, 'model'), attention `out` kernels
 scales and anything unknown (e.g. n-gram draft tables) are replicated. A dimension that
 the mesh axis does not divide is replicated instead of failing.
 
+`PjitPartitioner` is T5X's `t5x.partitioning.PjitPartitioner` (plus the placement methods
+below) when T5X is importable, so the one gin binding `partitioning.PjitPartitioner` serves
+`python -m t5x.infer` and `python -m specdec_t5x.infer`; without T5X it is
+`StandalonePjitPartitioner`, the same placement over a mesh built here.
+
 Arrays are placed as global arrays with `NamedSharding(mesh, spec)`; the jitted
 decoding loop then runs SPMD (GSPMD propagates the shardings), so the same `generate`
 call serves one device or many.
@@ -24,6 +29,7 @@ The mesh then spans `jax.devices()` of all processes.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
@@ -31,6 +37,11 @@ import jax
 import numpy as np
 from flax import traverse_util
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+try:  # T5X is not on PyPI: use its partitioner only when it is installed.
+  from t5x import partitioning as t5x_partitioning  # type: ignore
+except ImportError:
+  t5x_partitioning = None
 
 LogicalAxisRules = Sequence[Tuple[str, Optional[str]]]
 AxisNames = Tuple[Optional[str], ...]
@@ -125,34 +136,18 @@ def initialize_distributed(coordinator_address: Optional[str] = None,
                              num_processes=num_processes, process_id=process_id)
 
 
-class PjitPartitioner:
-  """Mesh ('data', 'model') over `devices`; `num_partitions` devices per model replica.
+def grid_mesh(devices: Sequence[Any], num_partitions: int) -> Mesh:
+  """Mesh ('data', 'model') of `devices` in order, `num_partitions` per model replica."""
+  devices = list(devices)
+  if num_partitions < 1 or len(devices) % num_partitions:
+    raise ValueError(f'num_partitions={num_partitions} must divide the number of '
+                     f'devices ({len(devices)}).')
+  return Mesh(np.asarray(devices, dtype=object).reshape(-1, num_partitions), ('data', 'model'))
 
-  Args:
-    num_partitions: size of the 'model' axis (T5X's name); must divide the device count.
-    logical_axis_rules: (logical, mesh axis) pairs; default `standard_logical_axis_rules()`.
-    devices: the devices to use; default `jax.devices()` (all processes).
-  """
 
-  def __init__(self, num_partitions: int = 1,
-               logical_axis_rules: Optional[LogicalAxisRules] = None,
-               devices: Optional[Sequence[Any]] = None):
-    self._devices = devices
-    self.num_partitions = int(num_partitions)
-    self.logical_axis_rules = tuple(logical_axis_rules or standard_logical_axis_rules())
-    self._mesh: Optional[Mesh] = None
-
-  @property
-  def mesh(self) -> Mesh:
-    """Built on first use, so that constructing a partitioner touches no device."""
-    if self._mesh is None:
-      devices = list(self._devices if self._devices is not None else jax.devices())
-      if self.num_partitions < 1 or len(devices) % self.num_partitions:
-        raise ValueError(f'num_partitions={self.num_partitions} must divide the number of '
-                         f'devices ({len(devices)}).')
-      grid = np.asarray(devices, dtype=object).reshape(-1, self.num_partitions)
-      self._mesh = Mesh(grid, ('data', 'model'))
-    return self._mesh
+class _Placement:
+  """Placing params and batches on `self.mesh` by `self.logical_axis_rules`: what
+  `python -m specdec_t5x.infer` needs of a partitioner, on top of T5X's interface."""
 
   @property
   def data_parallel_size(self) -> int:
@@ -180,3 +175,53 @@ class PjitPartitioner:
     """Places a [batch, ...] array: rows sharded over 'data' (see `batch_spec`)."""
     array = np.asarray(array)
     return _put(array, NamedSharding(self.mesh, self.batch_spec(array.shape[0])))
+
+
+class StandalonePjitPartitioner(_Placement):
+  """Mesh ('data', 'model') over `devices`; `num_partitions` devices per model replica.
+
+  Args:
+    num_partitions: size of the 'model' axis (T5X's name); must divide the device count.
+    logical_axis_rules: (logical, mesh axis) pairs; default `standard_logical_axis_rules()`.
+    devices: the devices to use; default `jax.devices()` (all processes).
+  """
+
+  def __init__(self, num_partitions: int = 1,
+               logical_axis_rules: Optional[LogicalAxisRules] = None,
+               devices: Optional[Sequence[Any]] = None):
+    self._devices = devices
+    self.num_partitions = int(num_partitions)
+    self.logical_axis_rules = tuple(logical_axis_rules or standard_logical_axis_rules())
+    self._mesh: Optional[Mesh] = None
+
+  @property
+  def mesh(self) -> Mesh:
+    """Built on first use, so that constructing a partitioner touches no device."""
+    if self._mesh is None:
+      self._mesh = grid_mesh(
+          self._devices if self._devices is not None else jax.devices(), self.num_partitions)
+    return self._mesh
+
+
+if t5x_partitioning is not None:
+
+  class PjitPartitioner(_Placement, t5x_partitioning.PjitPartitioner):
+    """T5X's PjitPartitioner (so `python -m t5x.infer` gets T5X's whole interface: mesh,
+    `partition`, `get_mesh_axes` over the model's `params_axes`), plus the placement
+    methods `python -m specdec_t5x.infer` uses. Constructor: T5X's; `num_partitions`
+    defaults to 1."""
+
+    def __init__(self, num_partitions: Optional[int] = 1, **kwargs: Any):
+      super().__init__(num_partitions=num_partitions, **kwargs)
+      self.num_partitions = num_partitions
+
+    @functools.cached_property
+    def mesh(self) -> Mesh:
+      """T5X's mesh on accelerators. On CPU, T5X puts every device on 'model' whatever
+      `num_partitions` says; here the CPU mesh is (data, num_partitions), as asked."""
+      if jax.devices()[0].platform == 'cpu' and self.num_partitions:
+        return grid_mesh(jax.devices(), self.num_partitions)
+      return super().mesh
+
+else:
+  PjitPartitioner = StandalonePjitPartitioner

@@ -30,7 +30,7 @@ TARGET = dict(emb_dim=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=
 DRAFT = TARGET  # The draft is the target with noisy weights: 0 < alpha < 1.
 COMMON = dict(vocab_size=VOCAB, dtype='float32', head_dim=8, mlp_activations=('gelu', 'linear'),
               dropout_rate=0.0, logits_via_embedding=False)
-OUTPUT = 'specdec_wmt_t2t_ende_v003-predict.jsonl-00000-of-00001'
+OUTPUT = 'specdec_wmt_t2t_ende_v003-predict_with_aux.jsonl-00000-of-00001'
 NUM_EXAMPLES = 8  # 4 batches of 2, 2 chunks of 2 batches
 
 
@@ -79,7 +79,7 @@ def env(tmp_path_factory):
 
   with tfds.testing.mock_data(as_dataset_fn=as_dataset):
     yield dict(root=root, vocab=vocab, target=target, draft=draft)
-  tasks.register_tasks()  # Undo TASK_VOCAB_PATH's re-registration.
+  tasks.register_tasks()  # Undo task_vocab_path's re-registration.
 
 
 def _flags(env, out, *extra, output_dir=True):
@@ -87,7 +87,7 @@ def _flags(env, out, *extra, output_dir=True):
            f"--gin.TARGET_CHECKPOINT='{env['target']}'",
            f"--gin.DRAFT_CHECKPOINT='{env['draft']}'",
            f"--gin.VOCAB_PATH='{env['vocab']}'", '--gin.VOCAB_EXTRA_IDS=0',
-           '--gin.TASK_VOCAB_PATH=%VOCAB_PATH',
+           '--gin.infer.task_vocab_path=%VOCAB_PATH',
            "--gin.TASK_FEATURE_LENGTHS={'inputs': 64, 'targets': 10}",
            "--gin.CHECKPOINT_DTYPE='float32'", '--gin.BATCH_SIZE=2',
            '--gin.infer.checkpoint_period=2']
@@ -144,6 +144,7 @@ def test_end_to_end_outputs(env, full_run):
   assert metrics['draft_checkpoint'] == env['draft']
   assert metrics['device_kind'] and metrics['num_examples'] == NUM_EXAMPLES
   assert 'git_revision' in metrics and metrics['resumed_chunks'] == 0
+  assert metrics['inputs_at_length_limit'] == 0
   config = (out / 'config.gin').read_text()
   assert 'GAMMA = 7' in config and "MIXTURE_OR_TASK_NAME = 'specdec_wmt_t2t_ende_v003'" in config
 
@@ -191,7 +192,8 @@ def test_autoregressive_baseline_equals_greedy_speculative(env, full_run):
     (['--gin.VOCAB_EXTRA_IDS=5'], ValueError, r'Model and task vocabularies differ'),
     (["--gin.MIXTURE_OR_TASK_NAME='wmt_t2t_ende_v003'"], ValueError,
      r"Unknown task 'wmt_t2t_ende_v003'.*'specdec_wmt_t2t_ende_v003'"),
-    (["--gin.TASK_FEATURE_LENGTHS={'inputs': 6, 'targets': 10}"], ValueError,
+    (["--gin.TASK_FEATURE_LENGTHS={'inputs': 6, 'targets': 10}",
+      '--gin.infer.allow_truncation=False'], ValueError,
      r'has \d+ input tokens.*allow_truncation'),
 ], ids=['target_checkpoint', 'draft_checkpoint', 'vocab_size', 'sentencepiece',
         'model_task_vocab', 'task', 'too_long'])
@@ -200,6 +202,13 @@ def test_clear_errors(env, extra, error, pattern):
   with pytest.raises(error, match=pattern):
     infer.main(_flags(env, out, *extra))
   assert not (out / OUTPUT).exists()
+
+
+def test_long_inputs_are_cut_as_t5x_does_and_counted(env):
+  out = env['root'] / 'cut'
+  metrics = infer.main(_flags(env, out, "--gin.TASK_FEATURE_LENGTHS={'inputs': 6, 'targets': 4}"))
+  assert metrics['inputs_at_length_limit'] == metrics['num_examples'] == NUM_EXAMPLES
+  assert len(_lines(out / OUTPUT)) == NUM_EXAMPLES
 
 
 def test_unset_macro_is_named(env):
@@ -221,7 +230,7 @@ def test_tiny_config_runs(tmp_path):
   metrics = infer.main(['--gin_file=configs/spec_tiny_test.gin',
                         f"--gin.INFER_OUTPUT_DIR='{tmp_path}'"])
   assert metrics['num_examples'] == 8 and metrics['task'] == tasks.DEMO_ENDE
-  assert len(_lines(tmp_path / 'demo_ende-predict.jsonl-00000-of-00001')) == 8
+  assert len(_lines(tmp_path / 'demo_ende-predict_with_aux.jsonl-00000-of-00001')) == 8
   assert metrics['target_checkpoint'] is None and metrics['fallback_init_rng'] == 0
 
 
@@ -230,8 +239,8 @@ def test_compare_baseline_interleaves_ar_and_matches_greedy(tmp_path):
   metrics = infer.main(['--gin_file=configs/spec_tiny_test.gin',
                         f"--gin.INFER_OUTPUT_DIR='{tmp_path}'",
                         '--gin.infer.compare_baseline=True'])
-  spec = _lines(tmp_path / 'demo_ende-predict.jsonl-00000-of-00001')
-  base = _lines(tmp_path / 'demo_ende-predict-baseline.jsonl-00000-of-00001')
+  spec = _lines(tmp_path / 'demo_ende-predict_with_aux.jsonl-00000-of-00001')
+  base = _lines(tmp_path / 'demo_ende-predict_with_aux-baseline.jsonl-00000-of-00001')
   assert [r['prediction'] for r in spec] == [r['prediction'] for r in base]  # greedy: exact
   b = metrics['baseline']
   assert b['drafted_tokens'] == 0 and b['target_calls'] == b['generated_tokens']

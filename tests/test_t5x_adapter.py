@@ -1,11 +1,12 @@
 """SpeculativeEncoderDecoderModel (models.py) and the T5X re-exports (utils.py).
 
+`python -m t5x.infer` itself, with the paper-row gin files, is tested in test_t5x_infer.py.
+
 The standalone (no-T5X) model is always tested; the T5X subclass only where `t5x` is
 importable (it is not on PyPI), otherwise that test is skipped with the reason.
 """
 import dataclasses
 import importlib.util
-import json
 import os
 import pathlib
 import subprocess
@@ -230,125 +231,3 @@ def test_t5x_subclass_predicts_like_generate(weights):  # pragma: no cover - nee
     np.testing.assert_array_equal(value, ref.stats[key])
   np.testing.assert_array_equal(
       model.predict_batch(params, batch, rng, decoder_params={'decode_rng': rng}), decodes)
-
-
-_T5X_INFER_GIN = """
-from __gin__ import dynamic_registration
-import __main__ as infer_script
-import seqio
-from t5x import partitioning
-from t5x import utils
-from t5x.examples.t5 import network as t5x_network
-from specdec_t5x import models
-from specdec_t5x import network
-
-VOCABULARY = @seqio.SentencePieceVocabulary()
-seqio.SentencePieceVocabulary.sentencepiece_model_file = %VOCAB_PATH
-seqio.SentencePieceVocabulary.extra_ids = 0
-models.SpeculativeEncoderDecoderModel:
-  module = @t5x_network.Transformer()
-  input_vocabulary = %VOCABULARY
-  output_vocabulary = %VOCABULARY
-  optimizer_def = None
-  draft_config = @network.T5Config()
-  draft_checkpoint = %DRAFT_CHECKPOINT
-  gamma = 4
-  temperature = 0.0
-t5x_network.Transformer.config = @t5x_network.T5Config()
-t5x_network.T5Config:
-  vocab_size = 8064  # the demo vocabulary (8000 ids), padded
-  dtype = 'float32'
-  emb_dim = 16
-  num_heads = 2
-  num_encoder_layers = 1
-  num_decoder_layers = 1
-  head_dim = 8
-  mlp_dim = 32
-  mlp_activations = ('gelu', 'linear')
-  dropout_rate = 0.0
-  logits_via_embedding = False
-network.T5Config:
-  vocab_size = 8064  # the demo vocabulary (8000 ids), padded
-  dtype = 'float32'
-  emb_dim = 8
-  num_heads = 1
-  num_encoder_layers = 1
-  num_decoder_layers = 1
-  head_dim = 8
-  mlp_dim = 32
-  mlp_activations = ('gelu', 'linear')
-  dropout_rate = 0.0
-  logits_via_embedding = False
-infer_script.infer:
-  mode = 'predict_with_aux'
-  model = @models.SpeculativeEncoderDecoderModel()
-  output_dir = %INFER_OUTPUT_DIR
-  dataset_cfg = @utils.DatasetConfig()
-  restore_checkpoint_cfg = @utils.RestoreCheckpointConfig()
-  partitioner = @partitioning.PjitPartitioner()
-  checkpoint_period = 100
-  shard_id = 0
-  num_shards = 1
-  use_orbax = False  # reads the legacy msgpack checkpoint that checkpoints.save_params wrote
-partitioning.PjitPartitioner.num_partitions = 1
-utils.DatasetConfig:
-  mixture_or_task_name = 'demo_ende'
-  module = 'tiny_demo_tasks'
-  task_feature_lengths = {'inputs': 32, 'targets': 8}
-  use_cached = False
-  split = 'test'
-  batch_size = 4
-  shuffle = False
-  seed = 0
-  pack = False
-utils.RestoreCheckpointConfig:
-  path = %TARGET_CHECKPOINT
-  mode = 'specific'
-  dtype = 'float32'
-"""
-
-
-@_NO_T5X
-def test_t5x_infer_runs_the_model_end_to_end(tmp_path):  # pragma: no cover - needs T5X
-  """`python -m t5x.infer` (T5X's own runner, partitioner and legacy checkpoint restore)
-  with SpeculativeEncoderDecoderModel on 6 demo examples; checks the jsonl and aux stats.
-
-  (configs/spec_tiny_test.gin itself is for `python -m specdec_t5x.infer`: it binds
-  infer parameters T5X's infer lacks (task_vocab_path, num_examples, allow_truncation),
-  our own partitioner and a None target checkpoint, which T5X's restore rejects.)"""
-  from specdec_t5x import tasks  # pylint: disable=g-import-not-at-top
-  src = pathlib.Path(tasks.demo_tsv_path('ende', 'test')).read_text().splitlines()
-  (tmp_path / 'corpus' / 'ende').mkdir(parents=True)
-  (tmp_path / 'corpus' / 'ende' / 'test.tsv').write_text('\n'.join(src[:6]) + '\n')
-  (tmp_path / 'tiny_demo_tasks.py').write_text(
-      'from specdec_t5x import tasks\n'
-      f'tasks.register_tasks(data_dir={str(tmp_path / "corpus")!r})\n')
-  cfg = dict(vocab_size=8064, emb_dim=16, num_heads=2, num_encoder_layers=1,
-             num_decoder_layers=1, head_dim=8, mlp_dim=32, dropout_rate=0.0,
-             mlp_activations=('gelu', 'linear'), logits_via_embedding=False)
-  target, draft = T5Config(**cfg), T5Config(**dict(cfg, emb_dim=8, num_heads=1))
-  target_ckpt = checkpoints.save_params(
-      models.init_params(Transformer(target), jax.random.PRNGKey(0)),
-      str(tmp_path / 'target' / 'checkpoint_1'), step=1)
-  draft_ckpt = checkpoints.save_params(
-      models.init_params(Transformer(draft), jax.random.PRNGKey(1)),
-      str(tmp_path / 'draft' / 'checkpoint_1'), step=1)
-  (tmp_path / 'run.gin').write_text(_T5X_INFER_GIN)
-  out = tmp_path / 'out'
-  cmd = [sys.executable, '-m', 't5x.infer', f'--gin_file={tmp_path / "run.gin"}',
-         f'--gin.INFER_OUTPUT_DIR={str(out)!r}', f'--gin.TARGET_CHECKPOINT={target_ckpt!r}',
-         f'--gin.DRAFT_CHECKPOINT={draft_ckpt!r}', f'--gin.VOCAB_PATH={tasks.DEMO_VOCAB_PATH!r}']
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-      [str(tmp_path), str(REPO)] + [p for p in [os.environ.get('PYTHONPATH')] if p]))
-  proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True,
-                        timeout=600)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  lines = (out / 'demo_ende-predict_with_aux.jsonl-00000-of-00001').read_text().splitlines()
-  assert len(lines) == 6
-  for line in lines:
-    row = json.loads(line)
-    assert isinstance(row['prediction'], str) and 'inputs_pretokenized' in row['inputs']
-    aux = row['aux']
-    assert set(aux) == set(models.PER_EXAMPLE_STATS)
-    assert 1 <= aux['generated_tokens'] <= 8 and 1 <= aux['target_calls'] <= 8
-    assert aux['drafted_tokens'] >= aux['accepted_tokens'] >= 0

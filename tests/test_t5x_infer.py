@@ -1,0 +1,242 @@
+"""The design card's command under real T5X: `python -m t5x.infer` with the paper-row gin
+files, checked against stock T5X greedy decoding on checkpoints that T5X itself wrote.
+
+configs/spec_t5_small_xxl.gin runs unchanged; the command line overrides only the
+checkpoints (written here by T5X's Orbax checkpoint manager and by its legacy
+msgpack+tensorstore Checkpointer), the model sizes (tiny, float32), the task (the offline
+demo task over 6 committed sentences) and its vocabulary. T5X is not on PyPI: CI installs
+it (.ci/run runs ../shared/install_t5x.sh); without it this module is skipped.
+"""
+import dataclasses
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+pytest.importorskip('t5x', reason='T5X is not installed (not on PyPI; see README "With T5X")')
+# pylint: disable=g-import-not-at-top,g-bad-import-order
+from t5x import checkpoints as t5x_checkpoints
+from t5x import decoding as t5x_decoding
+from t5x import models as t5x_models
+from t5x import partitioning as t5x_partitioning
+from t5x import train_state as t5x_train_state
+from t5x.examples.t5 import network as t5x_network
+import seqio
+
+from specdec_t5x import tasks
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TASK = 'demo_ende'
+OUTPUT = f'{TASK}-predict_with_aux.jsonl-00000-of-00001'
+LENGTHS = {'inputs': 32, 'targets': 12}
+NUM_EXAMPLES = 6
+SIZES = dict(emb_dim=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, mlp_dim=64)
+COMMON = dict(vocab_size=8064, dtype='float32', head_dim=8)  # the demo vocabulary, padded
+CONFIG = t5x_network.T5Config(**SIZES, **COMMON, mlp_activations=('gelu', 'linear'),
+                              dropout_rate=0.0, logits_via_embedding=False)
+
+
+def _t5x_variables(seed):
+  """params and params_axes from T5X's own network (the tree ours shares)."""
+  dummy = jnp.ones((1, 4), jnp.int32)
+  return t5x_network.Transformer(CONFIG).init(
+      jax.random.PRNGKey(seed), dummy, dummy, dummy, enable_dropout=False)
+
+
+def _noisy(variables, seed, scale=0.1):
+  """The draft: the target with noise, so that 0 < alpha < 1."""
+  params = variables['params']
+  leaves, tree = jax.tree_util.tree_flatten(params)
+  keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
+  noisy = [x + scale * jnp.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
+  return dict(variables, params=jax.tree_util.tree_unflatten(tree, noisy))
+
+
+def _t5x_save(variables, model_dir, orbax):
+  """Writes checkpoint_1 under model_dir with T5X's own checkpointer, as t5x.train does
+  (a train state holding an Adafactor optimizer over the params)."""
+  from t5x import adafactor  # pylint: disable=g-import-not-at-top
+  state = t5x_train_state.FlaxOptimTrainState.create(adafactor.Adafactor(), variables)
+  state = state.replace_step(jnp.asarray(1, jnp.int32))
+  partitioner = t5x_partitioning.PjitPartitioner(num_partitions=1)
+  model_dir.mkdir(parents=True)
+  if orbax:
+    manager = t5x_checkpoints.OrbaxCheckpointManagerInterface(
+        str(model_dir), state, partitioner)
+    manager.save(state)
+    manager.close()  # waits for the asynchronous write
+  else:
+    t5x_checkpoints.Checkpointer(state, partitioner, str(model_dir)).save(state)
+  path = model_dir / 'checkpoint_1'
+  assert path.is_dir(), sorted(os.listdir(model_dir))
+  return str(path)
+
+
+def _stock_t5x_greedy(params, vocab, examples):
+  """Stock T5X: EncoderDecoderModel with T5X's network and temperature_sample at
+  temperature 0, decoded to text as t5x.infer does."""
+  model = t5x_models.EncoderDecoderModel(
+      module=t5x_network.Transformer(CONFIG), input_vocabulary=vocab,
+      output_vocabulary=vocab, optimizer_def=None, decode_fn=t5x_decoding.temperature_sample)
+  enc = np.zeros((len(examples), LENGTHS['inputs']), np.int32)
+  for r, ex in enumerate(examples):
+    enc[r, :len(ex['inputs'])] = ex['inputs']
+  batch = {'encoder_input_tokens': enc,
+           'decoder_input_tokens': np.zeros((len(examples), LENGTHS['targets']), np.int32)}
+  decodes, _ = model.predict_batch_with_aux(params, batch, decoder_params={'temperature': 0.0})
+  return [vocab.decode_tf(np.asarray(d)[None]).numpy()[0].decode('utf-8') for d in decodes]
+
+
+@pytest.fixture(scope='module')
+def env(tmp_path_factory):
+  root = tmp_path_factory.mktemp('t5x_infer')
+  lines = pathlib.Path(tasks.demo_tsv_path('ende', 'test')).read_text('utf-8').splitlines()
+  (root / 'corpus' / 'ende').mkdir(parents=True)
+  (root / 'corpus' / 'ende' / 'test.tsv').write_text('\n'.join(lines[:NUM_EXAMPLES]) + '\n')
+  (root / 'tiny_demo_tasks.py').write_text(  # the task override: 6 sentences
+      'from specdec_t5x import tasks\n'
+      f'tasks.register_tasks(data_dir={str(root / "corpus")!r})\n')
+  target = _t5x_variables(0)
+  draft = _noisy(target, 1)
+  ckpts = {fmt: {name: _t5x_save(v, root / fmt / name, orbax=fmt == 'orbax')
+                 for name, v in (('target', target), ('draft', draft))}
+           for fmt in ('orbax', 'legacy')}
+  tasks.register_tasks(data_dir=str(root / 'corpus'))
+  try:
+    examples = list(tasks.get_dataset(TASK, 'test', LENGTHS).as_numpy_iterator())
+    vocab = seqio.get_mixture_or_task(TASK).output_features['targets'].vocabulary
+    stock = _stock_t5x_greedy(target['params'], vocab, examples)
+  finally:
+    tasks.register_tasks()
+  return dict(root=root, ckpts=ckpts, stock=stock, examples=examples)
+
+
+def _t5x_infer(env, out, fmt, *extra):
+  """`python -m t5x.infer --gin_file=configs/spec_t5_small_xxl.gin` + overrides."""
+  ckpt = env['ckpts'][fmt]
+  flags = [f"--gin.TARGET_CHECKPOINT='{ckpt['target']}'",
+           f"--gin.DRAFT_CHECKPOINT='{ckpt['draft']}'",
+           f"--gin.INFER_OUTPUT_DIR='{out}'",
+           f"--gin.MIXTURE_OR_TASK_NAME='{TASK}'",
+           "--gin.MIXTURE_OR_TASK_MODULE='tiny_demo_tasks'",
+           f"--gin.VOCAB_PATH='{tasks.DEMO_VOCAB_PATH}'", '--gin.VOCAB_EXTRA_IDS=0',
+           f'--gin.TASK_FEATURE_LENGTHS={LENGTHS!r}', "--gin.CHECKPOINT_DTYPE='float32'"]
+  flags += [f'--gin.t5_1_1/network.T5Config.{k}={v!r}' for k, v in COMMON.items()]
+  flags += [f'--gin.t5_1_1/{size}/network.T5Config.{k}={v}'
+            for size in ('xxl', 'small') for k, v in SIZES.items()]
+  env_vars = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      [str(env['root']), str(REPO)] + [p for p in [os.environ.get('PYTHONPATH')] if p]))
+  proc = subprocess.run(
+      [sys.executable, '-m', 't5x.infer', '--gin_file=configs/spec_t5_small_xxl.gin',
+       *flags, *extra], cwd=REPO, env=env_vars, capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-5000:]
+  rows = [json.loads(l) for l in (out / OUTPUT).read_text('utf-8').splitlines()]
+  logged = re.findall(r'specdec_t5x: (\d+) examples: alpha ([\d.]+|n/a), ([\d.]+) tokens per '
+                      r'target call \((\d+) generated tokens, (\d+) target calls, gamma (\w+)\)',
+                      proc.stderr)
+  return rows, logged
+
+
+@pytest.fixture(scope='module')
+def runs(env):
+  """The design card's command on T5X's Orbax checkpoints (gamma 7, the file's), and on
+  its legacy checkpoints with --gin.GAMMA=3."""
+  return {'orbax': _t5x_infer(env, env['root'] / 'out_orbax', 'orbax'),
+          'legacy': _t5x_infer(env, env['root'] / 'out_legacy', 'legacy', '--gin.GAMMA=3')}
+
+
+@pytest.mark.parametrize('fmt', ['orbax', 'legacy'])
+def test_greedy_predictions_equal_stock_t5x(env, runs, fmt):
+  rows, _ = runs[fmt]
+  assert len(rows) == NUM_EXAMPLES
+  assert [r['prediction'] for r in rows] == env['stock']
+  assert any(env['stock'])  # the tiny random model says something
+  for row, ex in zip(rows, env['examples']):
+    assert row['inputs']['inputs_pretokenized'] == ex['inputs_pretokenized'].decode()
+
+
+def test_speculative_statistics_in_t5x_output_and_log(runs):
+  for fmt, gamma in (('orbax', 7), ('legacy', 3)):
+    rows, logged = runs[fmt]
+    aux = {k: np.array([r['aux'][k] for r in rows]) for k in rows[0]['aux']}
+    assert set(aux) == {'target_calls', 'drafted_tokens', 'accepted_tokens',
+                        'generated_tokens'}
+    assert np.all(aux['accepted_tokens'] <= aux['drafted_tokens'])
+    assert np.all(aux['drafted_tokens'] <= gamma * aux['target_calls'])
+    assert np.all(aux['generated_tokens'] <= aux['target_calls'] + aux['accepted_tokens'])
+    assert np.all(aux['generated_tokens'] >= 1)
+    # The log's last line is the whole run's, from the same per-example statistics.
+    examples, alpha, per_call, generated, calls, logged_gamma = logged[-1]
+    assert int(examples) == NUM_EXAMPLES and logged_gamma == str(gamma)
+    assert int(generated) == aux['generated_tokens'].sum()
+    assert int(calls) == aux['target_calls'].sum()
+    assert float(alpha) == pytest.approx(
+        aux['accepted_tokens'].sum() / aux['drafted_tokens'].sum(), abs=1e-3)
+    assert float(per_call) == pytest.approx(int(generated) / int(calls), abs=1e-3)
+  assert 0 < float(runs['orbax'][1][-1][1]) < 1  # a noisy draft: some, not all, accepted
+  # --gin.GAMMA=3 changed the statistics (the predictions stay the target's greedy ones).
+  assert ([r['aux'] for r in runs['orbax'][0]] != [r['aux'] for r in runs['legacy'][0]])
+
+
+_BUILD_ALL = textwrap.dedent('''
+    """Parses each paper-row gin file as `python -m t5x.infer` does and builds what it
+    binds: the model (T5X's EncoderDecoderModel subclass), its variables' shapes through
+    T5X's get_initial_variables, and T5X's partitioner's mesh axes for them."""
+    import json, sys
+    import gin, jax
+    import jax.numpy as jnp
+    from t5x import gin_utils, train_state as train_state_lib
+    from t5x import models as t5x_models, partitioning as t5x_partitioning
+    from t5x.infer import infer  # gin files bind `__main__.infer` (import __main__)
+    out = {}
+    for path in sys.argv[1:]:
+      gin.clear_config()
+      gin_utils.parse_gin_flags(['.'], [path], ["INFER_OUTPUT_DIR = '/tmp/unused'"])
+      kw = gin.get_bindings(infer, resolve_references=True)
+      model, partitioner = kw['model'], kw['partitioner']
+      lengths = kw['dataset_cfg'].task_feature_lengths
+      shapes = {'encoder_input_tokens': (1, lengths['inputs']),
+                'decoder_input_tokens': (1, lengths['targets']),
+                'decoder_target_tokens': (1, lengths['targets'])}
+      variables = jax.eval_shape(lambda: model.get_initial_variables(
+          jax.random.PRNGKey(0), shapes, {k: jnp.int32 for k in shapes}))
+      state = train_state_lib.InferenceState.create(variables)
+      axes = partitioner.get_mesh_axes(state).params
+      count = sum(x.size for x in jax.tree_util.tree_leaves(variables['params']))
+      out[path] = dict(
+          t5x_model=isinstance(model, t5x_models.EncoderDecoderModel),
+          t5x_partitioner=isinstance(partitioner, t5x_partitioning.PjitPartitioner),
+          params=int(count), gamma=model.gamma, temperature=model.temperature,
+          draft_emb=model.draft_config.emb_dim, task=kw['dataset_cfg'].mixture_or_task_name,
+          query_axes=str(axes['decoder']['layers_0']['self_attention']['query']['kernel']))
+    print('RESULT ' + json.dumps(out))
+    ''')
+
+
+def test_every_paper_row_parses_and_builds_under_t5x_infer():
+  import test_configs  # pylint: disable=g-import-not-at-top
+  files = sorted(str(p.relative_to(REPO)) for p in (REPO / 'configs').glob('spec_*.gin')
+                 if p.name != 'spec_tiny_test.gin')
+  assert len(files) == 12
+  proc = subprocess.run([sys.executable, '-c', _BUILD_ALL, *files], cwd=REPO,
+                        capture_output=True, text=True, timeout=900,
+                        env=dict(os.environ, PYTHONPATH=str(REPO)))
+  lines = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')]
+  assert proc.returncode == 0 and lines, proc.stderr[-5000:]
+  built = json.loads(lines[-1][len('RESULT '):])
+  for path, got in built.items():
+    task, draft, temperature, gamma = test_configs.TABLE_2[pathlib.Path(path).name]
+    assert got['t5x_model'] and got['t5x_partitioner']
+    assert abs(got['params'] - 11.1e9) / 11.1e9 < 0.05  # T5 v1.1 XXL, built by T5X
+    assert got['query_axes'] == str(jax.sharding.PartitionSpec(None, 'model'))
+    assert (got['gamma'], got['temperature']) == (gamma, temperature)
+    assert got['draft_emb'] == test_configs.T5_1_1[draft][0]
+    assert got['task'] == test_configs.TASKS[task]
