@@ -4,11 +4,11 @@ The parameter tree is identical to T5X's `t5x/examples/t5/network.py`, so T5X pa
 drop in unchanged, and every parameter carries the same logical axis names (`init` returns
 T5X's `params_axes` collection, which T5X's partitioner reads). `__call__` takes T5X's module
 call signature (segment ids and positions of packed examples, `enable_dropout`, `decode`), so
-`t5x.models.EncoderDecoderModel` can initialise, train and score it. It also applies T5X's casts
-(LayerNorm, attention logits and softmax, float32 logits), so in bfloat16 as in float32
-its teacher-forced logits equal T5X's bit for bit (tests/test_network_t5x.py). T5X's one-token decode
-cache (`decode=True`) is not implemented; decoding uses the methods below. Beyond the
-teacher-forced forward pass it offers:
+`t5x.models.EncoderDecoderModel` can initialise, train and score it. It applies T5X's
+casts (LayerNorm, attention logits and softmax, float32 logits), so in bfloat16 as in
+float32 its teacher-forced logits equal T5X's bit for bit (tests/test_network_t5x.py).
+T5X's one-token decode cache (`decode=True`) is not implemented; decoding uses the methods
+below. Beyond the teacher-forced forward pass it offers:
 
 * `encode`: the encoder stack;
 * `init_cache`: cross-attention keys/values of the encoder output, computed once per
