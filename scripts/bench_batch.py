@@ -5,7 +5,7 @@
 
 Takes the demo checkpoints (checkpoints/demo/) and data/demo/{task}_test.tsv; prints one
 line per (batch, method) and writes results/batch_throughput.{json,md,png}: tokens/s
-(generated tokens / wall seconds, median of `repeats` after a compile run), alpha and
+(generated tokens / wall seconds, median of `repeats` interleaved after compilation), alpha and
 tokens per target call, and whether every row of a batch equals its batch-1 output
 (temperature 0). Also holds the demo loaders the other result scripts import.
 """
@@ -17,14 +17,14 @@ import json
 import os
 import statistics
 import sys
-from typing import Dict, List
+from typing import List
 
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from specdec_t5x import benchmarking, evaluation, generate  # noqa: E402
+from specdec_t5x import benchmarking, evaluation  # noqa: E402
 
 DEMO = os.path.join(REPO, 'checkpoints', 'demo')
 
@@ -60,13 +60,7 @@ def timed(fn, repeats: int):
   return statistics.median(times), benchmarking.block(fn())
 
 
-def summarize_stats(out) -> Dict[str, float]:
-  s = {k: np.asarray(v) for k, v in out.stats.items()}
-  gen, calls = float(s['generated_tokens'].sum()), float(s['target_calls'].sum())
-  drafted = float(s['drafted_tokens'].sum())
-  return {'generated_tokens': gen, 'target_calls': calls,
-          'tokens_per_call': gen / max(calls, 1.0),
-          'alpha': float(s['accepted_tokens'].sum()) / drafted if drafted else None}
+summarize_stats = evaluation.summarize_stats  # the other result scripts import it here
 
 
 def main(argv=None):
@@ -82,31 +76,10 @@ def main(argv=None):
   gammas = [int(g) for g in args.gammas.split(',')]
   target, draft = load_demo('demo_target'), load_demo('demo_draft_m')
   enc, _, _ = load_task(args.task, max(batches))
-  rows = []
-  single = {}  # method -> [tokens of each row decoded alone]
   methods = [('ar', None)] + [(f'spec_g{g}', g) for g in gammas]
-  for method, g in methods:
-    kw = {} if g is None else {'draft': draft, 'gamma': g}
-    one = [np.asarray(generate(target, enc[r:r + 1], max_decode_length=args.max_len, **kw).tokens[0])
-           for r in range(min(batches[-1], 16))]
-    single[method] = one
-  for b in batches:
-    for method, g in methods:
-      kw = {} if g is None else {'draft': draft, 'gamma': g}
-      sec, out = timed(lambda: generate(target, enc[:b], max_decode_length=args.max_len, **kw),
-                       args.repeats)
-      st = summarize_stats(out)
-      toks = np.asarray(out.tokens)
-      checked = min(b, len(single[method]))
-      same = all(np.array_equal(toks[r], single[method][r]) for r in range(checked))
-      row = dict(batch=b, method=method, gamma=g, seconds=sec,
-                 tokens_per_s=st['generated_tokens'] / sec, rows_equal_batch1=same,
-                 rows_checked=checked, **st)
-      rows.append(row)
-      print(json.dumps(row), flush=True)
-  for row in rows:
-    ar = next(r for r in rows if r['batch'] == row['batch'] and r['method'] == 'ar')
-    row['speedup_vs_ar'] = row['tokens_per_s'] / ar['tokens_per_s']
+  rows = evaluation.batch_throughput(target, draft, enc, batches, gammas, args.max_len,
+                                     args.repeats,
+                                     report=lambda row: print(json.dumps(row), flush=True))
   data = {'command': 'python scripts/bench_batch.py ' + ' '.join(argv or sys.argv[1:]),
           'task': args.task, 'max_len': args.max_len, 'environment': benchmarking.environment(),
           'rows': rows}

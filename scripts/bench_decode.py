@@ -6,13 +6,18 @@
 Measures, in one process after compilation, each as the median of interleaved repeats:
   * per-call cost of a target step, a draft step and a (gamma+1)-token verification, and
     the once-per-sequence prefill (encoder + cache) of each model;
-  * AR tokens/s of generate(draft=None) and of a straightforward T5X-style loop
-    (specdec_t5x/reference.py) on the same weights; their ratio;
+  * AR tokens/s of generate(draft=None), of stock T5X (`EncoderDecoderModel.predict_batch`
+    with `temperature_sample` at temperature 0 and T5X's own network, specdec_t5x/
+    t5x_reference.py; when T5X is importable) and of a straightforward T5X-style loop
+    (specdec_t5x/reference.py), all on the same weights; ours / theirs speed ratios, each
+    the median of per-pair ratios over interleaved repeats;
   * speculative tokens/s with draft == target (alpha = 1) and with the random draft
     (alpha ~ 0), at each gamma; the speedup over AR, the ideal speedup
     tokens_per_call * t_target / (gamma * t_draft + t_verify), and efficiency = measured / ideal;
     the same with the prefill counted (ideal e2e, efficiency e2e).
-Writes results/decode_costs.json and results/decode_costs.md.
+Writes results/decode_costs.json and results/decode_costs.md. Smoke run (numbers
+meaningless): --target=small --draft=small --vocab=256 --gammas=2 --max_len=8 --repeats=1
+--ar_repeats=1 --out=/tmp/decode_costs.
 """
 
 from __future__ import annotations
@@ -25,16 +30,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import benchmarking, evaluation, generate, reference
+from specdec_t5x import benchmarking, evaluation, generate, reference, t5x_reference
 from specdec_t5x.network import Transformer, t5_1_1_config
 
 
-def build(size: str, seed: int, vocab: int):
-  cfg = t5_1_1_config(size, vocab_size=vocab)
+def build(size: str, seed: int, vocab: int, dtype: str):
+  cfg = t5_1_1_config(size, vocab_size=vocab, dtype=jnp.dtype(dtype))
   module = Transformer(cfg)
-  dummy = jnp.ones((1, 4), jnp.int32)
-  params = jax.jit(module.init)(jax.random.PRNGKey(seed), dummy, dummy)['params']
-  return cfg, module, params
+  return cfg, module, benchmarking.random_params(module, seed, jnp.dtype(dtype))
 
 
 def main(argv=None):
@@ -48,13 +51,14 @@ def main(argv=None):
   ap.add_argument('--gammas', default='2,4,7')
   ap.add_argument('--repeats', type=int, default=5)
   ap.add_argument('--ar_repeats', type=int, default=15,
-                  help='interleaved AR / T5X-style pairs for their speed ratio')
+                  help='interleaved AR / T5X / T5X-style runs for their speed ratios')
+  ap.add_argument('--dtype', default='float32', help='weights and activations')
   ap.add_argument('--out', default='results/decode_costs')
   args = ap.parse_args(argv)
   gammas = [int(g) for g in args.gammas.split(',')]
 
-  t_cfg, t_mod, t_params = build(args.target, 0, args.vocab)
-  d_cfg, d_mod, d_params = build(args.draft, 1, args.vocab)
+  t_cfg, t_mod, t_params = build(args.target, 0, args.vocab, args.dtype)
+  d_cfg, d_mod, d_params = build(args.draft, 1, args.vocab, args.dtype)
   enc = jnp.asarray(np.random.RandomState(0).randint(2, args.vocab, (args.batch, args.enc_len)),
                     jnp.int32)
   target, draft = (t_mod, t_params), (d_mod, d_params)
@@ -69,17 +73,24 @@ def main(argv=None):
   gen = lambda **kw: (lambda: generate(target, enc, max_decode_length=args.max_len, eos_id=-1, **kw))
   ref = jax.jit(reference.greedy_decode, static_argnums=(0, 3, 4))
   fns = {'ar': gen(), 'reference_t5x_style': lambda: ref(t_cfg, t_params, enc, args.max_len, -1)}
+  baselines = ['reference_t5x_style']
+  if t5x_reference.available():
+    stock = t5x_reference.greedy_decoder(t_cfg, args.max_len, eos_id=-1)
+    fns['t5x'] = lambda: stock(t_params, enc)
+    baselines.insert(0, 't5x')
   for g in gammas:
     fns[f'spec_self_g{g}'] = gen(draft=target, gamma=g)
     fns[f'spec_draft_g{g}'] = gen(draft=draft, gamma=g)
   times = benchmarking.median_times(fns, args.repeats)
   med = {k: statistics.median(v) for k, v in times.items()}
-  # AR vs the T5X-style loop: a longer run of interleaved pairs, ratio per pair (robust to
-  # drift in machine speed), then the median.
-  pairs = benchmarking.median_times({k: fns[k] for k in ('ar', 'reference_t5x_style')},
-                                    args.ar_repeats)
-  pair_ratios = [r / a for a, r in zip(pairs['ar'], pairs['reference_t5x_style'])]
+  # AR vs the baselines: a longer run, interleaved, ratio per pair (robust to drift in
+  # machine speed), then the median.
+  pairs = benchmarking.median_times({k: fns[k] for k in ['ar'] + baselines}, args.ar_repeats)
+  ratios = benchmarking.speed_ratios(pairs, 'ar')
+  pair_ratios = {k: [b / a for a, b in zip(pairs['ar'], pairs[k])] for k in baselines}
   tokens = args.batch * args.max_len
+  same_tokens = {k: bool(np.array_equal(np.asarray(gen()().tokens), np.asarray(fns[k]())))
+                 for k in baselines}
 
   ar_calls = float(np.max(gen()().stats['target_calls']))
   rows = []
@@ -105,24 +116,30 @@ def main(argv=None):
       'target_config': str(t_cfg), 'draft_config': str(d_cfg),
       'call_costs_s': costs, 'c': costs['t_draft_step'] / costs['t_target_step'],
       'ar_tokens_per_s': tokens / statistics.median(pairs['ar']),
-      'reference_t5x_style_tokens_per_s': tokens / statistics.median(
-          pairs['reference_t5x_style']),
-      'ar_vs_reference_speed_ratio': statistics.median(pair_ratios),
-      'ar_vs_reference_pair_ratios': pair_ratios,
+      'baselines': {k: {'tokens_per_s': tokens / statistics.median(pairs[k]),
+                        'ours_speed_ratio': ratios[k], 'pair_ratios': pair_ratios[k],
+                        'same_tokens_as_ours': same_tokens[k]} for k in baselines},
+      't5x_importable': t5x_reference.available(),
       'speculative': rows, 'raw_times_s': times,
   }
   benchmarking.write_json(args.out + '.json', result)
   lines = [f"# Decode costs ({result['environment']['device_kind']}, batch {args.batch}, "
            f"{args.max_len} tokens)", '', f"Command: `{result['command']}`", '',
-           f"Target {args.target}, draft {args.draft} (random T5 v1.1 weights, vocab {args.vocab}).",
-           '', '| quantity | value |', '|---|---|']
+           f"Target {args.target}, draft {args.draft} (random T5 v1.1 weights, vocab {args.vocab}, "
+           f"{args.dtype}).", '', '| quantity | value |', '|---|---|']
   lines += [f'| {k} | {v * 1e3:.3f} ms |' for k, v in costs.items()]
+  names = {'t5x': 'stock T5X predict_batch (temperature_sample, T5X network)',
+           'reference_t5x_style': 'T5X-style loop (reference.py)'}
   lines += [f"| c = t_draft / t_target | {result['c']:.3f} |",
-            f"| AR tokens/s (ours) | {result['ar_tokens_per_s']:.1f} |",
-            f"| AR tokens/s (T5X-style loop) | {result['reference_t5x_style_tokens_per_s']:.1f} |",
-            f"| ours / T5X-style speed (median of {args.ar_repeats} interleaved pairs; range "
-            f"{min(pair_ratios):.2f}-{max(pair_ratios):.2f}) | "
-            f"{result['ar_vs_reference_speed_ratio']:.2f}x |", '',
+            f"| AR tokens/s (ours) | {result['ar_tokens_per_s']:.1f} |"]
+  for k, b in result['baselines'].items():
+    lines += [f"| AR tokens/s ({names[k]}) | {b['tokens_per_s']:.1f} |",
+              f"| ours / {names[k]} speed (median of {args.ar_repeats} interleaved pairs; range "
+              f"{min(b['pair_ratios']):.2f}-{max(b['pair_ratios']):.2f}; same tokens: "
+              f"{b['same_tokens_as_ours']}) | {b['ours_speed_ratio']:.2f}x |"]
+  if not result['t5x_importable']:
+    lines.append('| stock T5X | not importable here: not compared |')
+  lines += ['',
             'ideal = tokens/call * t_target / (gamma t_draft + t_verify) (decoder calls only); '
             'ideal e2e adds the once-per-sequence prefill (encoder + cache) that both methods '
             'pay: (P_t + N_ar t_target) / (P_t + P_d + N_calls (gamma t_draft + t_verify)).', '',

@@ -18,12 +18,12 @@ import sys
 import jax
 import numpy as np
 
-from specdec_t5x import api, benchmarking, evaluation
+from specdec_t5x import api, batching, benchmarking, evaluation
 
 
 def run_all(target, draft, enc, gamma, verifier, max_len):
-  outs = [api.generate(target, enc[i:i + 1], draft=draft, gamma=gamma, temperature=1.0,
-                       max_decode_length=max_len, rng=jax.random.PRNGKey(i),
+  outs = [api.generate(target, batching.trim_batch(enc[i:i + 1]), draft=draft, gamma=gamma,
+                       temperature=1.0, max_decode_length=max_len, rng=jax.random.PRNGKey(i),
                        verifier=verifier) for i in range(len(enc))]
   return benchmarking.block(outs)
 
@@ -33,8 +33,8 @@ def tokens_per_call(target, draft, enc, gamma, verifier, max_len, seeds):
   per_row = []
   for seed in range(seeds):
     for start in range(0, len(enc), 16):
-      out = api.generate(target, enc[start:start + 16], draft=draft, gamma=gamma,
-                         temperature=1.0, max_decode_length=max_len,
+      out = api.generate(target, batching.trim_batch(enc[start:start + 16]), draft=draft,
+                         gamma=gamma, temperature=1.0, max_decode_length=max_len,
                          rng=jax.random.PRNGKey(1000 * seed + start), verifier=verifier)
       gen, calls = (np.asarray(out.stats[k]) for k in ('generated_tokens', 'target_calls'))
       per_row += list(gen / np.maximum(calls, 1))

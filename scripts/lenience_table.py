@@ -21,7 +21,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_batch import REPO, decode_text, load_demo, load_task, summarize_stats, timed  # noqa: E402
 
-from specdec_t5x import benchmarking, generate, metrics  # noqa: E402
+from specdec_t5x import batching, benchmarking, generate, metrics  # noqa: E402
 
 
 def quality(task, refs, preds):
@@ -44,6 +44,7 @@ def main(argv=None):
   rows = []
   for task in args.tasks.split(','):
     enc, refs, sp = load_task(task, args.rows)
+    enc = batching.trim_batch(enc)  # the batch at its length bucket
     common = dict(temperature=1.0, max_decode_length=args.max_len, rng=rng)
     settings = [('AR', None)] + [(f'l={l}', l) for l in (1.0, 0.5, 0.3, 0.1)]
     for name, l in settings:

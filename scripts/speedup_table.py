@@ -25,39 +25,22 @@ import json
 import os
 import sys
 
-import numpy as np
 from tqdm import tqdm
 
-from specdec_t5x import benchmarking, evaluation, infer, sampling
+from specdec_t5x import benchmarking, evaluation, infer
 
 
 def run_demo(args, gammas):
-  target = evaluation.load_model(args.target)
-  task_names = args.tasks.split(',')
-  examples = {t: evaluation.load_examples(t, args.num_examples) for t in task_names}
-  enc_len = evaluation.bucket(max(len(e.inputs) for ex in examples.values() for e in ex), 32)
   alpha_cells = []
   if args.alpha_json and os.path.exists(args.alpha_json):
     with open(args.alpha_json) as f:
       alpha_cells = json.load(f)['cells']
-  groups = []
-  bar = tqdm(total=len(task_names) * (1 + len(args.temperatures)), desc='speedup', unit='step')
-  for task in task_names:
-    enc = evaluation.pad_batch([e.inputs for e in examples[task]], enc_len)
-    drafts = {name: evaluation.load_model(name, task) for name in args.drafts.split(',')}
-    cost = evaluation.costs(target, drafts, enc, gammas, args.cost_calls, args.cost_repeats,
-                             max_len=args.max_len)
-    bar.update(1)
-    for temp in args.temperatures:
-      cfg = sampling.SamplingConfig(temp)
-      alphas = {c['draft']: c['alpha'] for c in alpha_cells
-                if c['task'] == task and c['temperature'] == temp}
-      res = evaluation.sweep(target, drafts, enc, args.max_len, gammas, cfg, cost,
-                             args.repeats, args.seed, alphas=alphas)
-      groups.append({'task': task, 'temperature': temp, 'costs_s': cost, **res})
-      bar.update(1)
-  bar.close()
-  return groups
+  tasks = args.tasks.split(',')
+  with tqdm(total=len(tasks) * (1 + len(args.temperatures)), desc='speedup', unit='step') as bar:
+    return evaluation.demo_speedups(
+        args.target, args.drafts.split(','), tasks, args.temperatures, gammas,
+        args.num_examples, args.max_len, args.repeats, args.cost_calls, args.cost_repeats,
+        args.seed, alpha_cells, progress=bar)
 
 
 def run_gin(args, gammas):

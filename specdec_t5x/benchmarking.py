@@ -13,10 +13,13 @@ import statistics
 import subprocess
 import tempfile
 import time
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from specdec_t5x import api
 
 
 def block(x):
@@ -31,11 +34,23 @@ def wall(fn: Callable[[], Any]) -> float:
   return time.perf_counter() - start
 
 
-def _repeated_extend(module, num_tokens: int, num_calls: int, cache_len: int):
-  """A jitted fn(params, enc) that encodes, builds the cache and runs `num_calls` cached
-  calls of `num_tokens` tokens. The result depends on the cache even for 0 calls, so the
-  encoder is never dead code and cancels out of `call_cost`'s difference."""
-  def run(params, enc):
+_EXTEND_FNS: Dict[Any, Callable] = {}
+
+
+def _repeated_extend(module, num_tokens: int, cache_len: int):
+  """A jitted fn(params, enc, num_calls) that encodes, builds the cache and runs
+  `num_calls` cached calls of `num_tokens` tokens.
+
+  `num_calls` is traced, so ONE compiled program serves every count, 0 included (compile
+  time per shape dominates on an accelerator). The result depends on the cache even for
+  0 calls, so the encoder is never dead code and cancels out of `call_costs`' difference.
+  Memoised per (module, num_tokens, cache_len).
+  """
+  key = (api._module_key(module), num_tokens, cache_len)  # pylint: disable=protected-access
+  if key in _EXTEND_FNS:
+    return _EXTEND_FNS[key]
+
+  def run(params, enc, num_calls):
     encoded = module.apply({'params': params}, enc, method='encode')
     cache = module.apply({'params': params}, encoded, enc, cache_len, method='init_cache')
     tokens = jnp.full((enc.shape[0], num_tokens), 3, jnp.int32)
@@ -46,33 +61,33 @@ def _repeated_extend(module, num_tokens: int, num_calls: int, cache_len: int):
       cache, acc = carry
       logits, cache = module.apply({'params': params}, cache, tokens,
                                    jnp.full((enc.shape[0],), i, jnp.int32), method='extend')
-      return cache, acc + logits[:, -1, 0]
-    acc0 = jnp.zeros((enc.shape[0],)) + seen
+      return cache, acc + logits[:, -1, 0].astype(jnp.float32)
+    acc0 = jnp.zeros((enc.shape[0],), jnp.float32) + seen
     return jax.lax.fori_loop(0, num_calls, body, (cache, acc0))[1]
-  return jax.jit(run)
+  _EXTEND_FNS[key] = jax.jit(run)
+  return _EXTEND_FNS[key]
 
 
 def call_costs(specs: Dict[str, tuple], enc, num_calls: int = 32, repeats: int = 5,
                cache_len: int = 0) -> Dict[str, float]:
   """Median seconds of ONE cached decoder call, for several (module, params, num_tokens).
 
-  Each is measured as (time of num_calls calls - time of 0 calls) / num_calls, so the
-  encoder and cache set-up cancel. The repeats are interleaved across all `specs`, so a
-  drift in machine speed moves every cost alike and their ratios (c, t_verify / t_target)
-  stay comparable. `cache_len`: the cache's slots (0: just enough); give the decode's own
-  (max_len + gamma + 1) to include attention over the whole cache.
+  Each is measured as (time of num_calls calls - time of 0 calls) / num_calls with one
+  compiled program, so the encoder and cache set-up cancel. The repeats are interleaved
+  across all `specs`, so a drift in machine speed moves every cost alike and their ratios
+  (c, t_verify / t_target) stay comparable. `cache_len`: the cache's slots (0: just
+  enough); give the decode's own (max_len + gamma + 1) to include attention over the
+  whole cache.
   """
   fns = {}
   for name, (module, params, num_tokens) in specs.items():
-    length = max(cache_len, num_calls + num_tokens + 1)
-    many = _repeated_extend(module, num_tokens, num_calls, length)
-    none = _repeated_extend(module, num_tokens, 0, length)
-    block(many(params, enc)), block(none(params, enc))  # compile
-    fns[name] = (many, none, params)
+    fn = _repeated_extend(module, num_tokens, max(cache_len, num_calls + num_tokens + 1))
+    block(fn(params, enc, num_calls)), block(fn(params, enc, 0))  # compile
+    fns[name] = (fn, params)
   diffs: Dict[str, List[float]] = {name: [] for name in specs}
   for _ in range(repeats):
-    for name, (many, none, params) in fns.items():
-      diffs[name].append(wall(lambda: many(params, enc)) - wall(lambda: none(params, enc)))
+    for name, (fn, params) in fns.items():
+      diffs[name].append(wall(lambda: fn(params, enc, num_calls)) - wall(lambda: fn(params, enc, 0)))
   return {name: max(statistics.median(d), 1e-9) / num_calls for name, d in diffs.items()}
 
 
@@ -85,10 +100,64 @@ def call_cost(module, params, enc, num_tokens: int, num_calls: int = 32, repeats
 
 def prefill_cost(module, params, enc, cache_len: int, repeats: int = 5) -> float:
   """Median seconds of encoding `enc` and building a `cache_len` cache (one jitted call):
-  the per-sequence cost that every decode pays once, before its first decoder call."""
-  none = _repeated_extend(module, 1, 0, cache_len)
-  block(none(params, enc))  # compile
-  return statistics.median(wall(lambda: none(params, enc)) for _ in range(repeats))
+  the per-sequence cost that every decode pays once, before its first decoder call.
+
+  It is the 0-call run of call_costs' one-token program, so after `call_costs` at the same
+  cache_len it compiles nothing new.
+  """
+  fn = _repeated_extend(module, 1, cache_len)
+  block(fn(params, enc, 0))  # compile
+  return statistics.median(wall(lambda: fn(params, enc, 0)) for _ in range(repeats))
+
+
+def speed_ratios(times: Dict[str, List[float]], base: str) -> Dict[str, float]:
+  """Median over interleaved repeats of times[name][i] / times[base][i] for every other
+  name: how many times faster `base` is, per pair (robust to drifts in machine speed)."""
+  return {name: statistics.median(t / b for t, b in zip(ts, times[base]))
+          for name, ts in times.items() if name != base}
+
+
+def random_params(module, seed: int = 0, dtype: Any = jnp.bfloat16) -> Any:
+  """Random parameters of a Transformer-like module, made on the device in `dtype`.
+
+  For cost measurements, where values do not matter: the shapes come from the module's
+  init traced abstractly (jax.eval_shape, nothing computed), and all leaves are drawn
+  inside one jit directly in `dtype` (an 11B-parameter model is 22 GB in bfloat16; flax's
+  init would first build it in float32). Leaves of one shape and kind are drawn in one
+  call (few distinct shapes, so little to compile). Kernels have variance 1/fan_in,
+  embeddings 1, anything else 0.01 (uniform draws), norm scales are 1, so activations
+  and logits stay O(1).
+  """
+  dummy = jnp.ones((1, 4), jnp.int32)  # encoder and decoder input tokens
+  shapes = jax.eval_shape(lambda k: module.init(k, dummy, dummy)['params'],
+                          jax.random.PRNGKey(0))
+  paths, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+
+  def std(path, shape) -> float:
+    name = getattr(path[-1], 'key', str(path[-1]))
+    if name == 'scale':
+      return 0.0  # ones
+    if name == 'kernel':
+      return 1.0 / float(shape[0]) ** 0.5
+    return 1.0 if name == 'embedding' else 0.1
+
+  groups: Dict[Any, List[int]] = {}
+  for i, (path, leaf) in enumerate(paths):
+    groups.setdefault((tuple(leaf.shape), std(path, leaf.shape)), []).append(i)
+
+  def make(key):
+    leaves = [None] * len(paths)
+    for k, ((shape, s), idx) in zip(jax.random.split(key, len(groups)), groups.items()):
+      if s == 0.0:
+        drawn = jnp.ones((len(idx),) + shape, dtype)
+      else:  # uniform on [-s sqrt(3), s sqrt(3)]: standard deviation s
+        bound = s * 3.0 ** 0.5
+        drawn = jax.random.uniform(k, (len(idx),) + shape, dtype, -bound, bound)
+      for j, i in enumerate(idx):
+        leaves[i] = drawn[j]
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+  # 'rbg' (XLA's RngBitGenerator): cheap to compile, unlike threefry's unrolled rounds.
+  return jax.jit(make)(jax.random.key(seed, impl='rbg'))
 
 
 def median_times(fns: Dict[str, Callable[[], Any]], repeats: int) -> Dict[str, List[float]]:
@@ -100,6 +169,52 @@ def median_times(fns: Dict[str, Callable[[], Any]], repeats: int) -> Dict[str, L
     for name, fn in fns.items():
       times[name].append(wall(fn))
   return times
+
+
+def paired_speedup(baseline_seconds: Sequence[float], seconds: Sequence[float],
+                   num_resamples: int = 2000, seed: int = 0) -> Dict[str, Any]:
+  """The speedup of paired timings (the same batches, baseline vs. new) with its spread.
+
+  Args:
+    baseline_seconds: [n] seconds of each batch with the baseline.
+    seconds: [n] seconds of the same batches with the method measured.
+    num_resamples: bootstrap resamples of the batches for the pooled ratio's interval.
+    seed: the bootstrap's seed (fixed: the same timings give the same interval).
+
+  Returns:
+    {'pooled': sum(baseline) / sum(seconds), 'pooled_ci95': [lo, hi] (percentile
+    bootstrap over batches), 'per_batch_median', 'per_batch_q25', 'per_batch_q75' (of
+    the ratios baseline_i / seconds_i), 'num_batches'}; the figures are None for n = 0.
+  """
+  base, new = np.asarray(baseline_seconds, np.float64), np.asarray(seconds, np.float64)
+  if base.shape != new.shape or base.ndim != 1:
+    raise ValueError(f'Paired timings must be two 1-D lists of one length, got shapes '
+                     f'{base.shape} and {new.shape}.')
+  if np.any(base <= 0) or np.any(new <= 0):
+    raise ValueError('Timings must be > 0 seconds.')
+  out: Dict[str, Any] = {'num_batches': int(base.size)}
+  if not base.size:
+    return dict(out, pooled=None, pooled_ci95=None, per_batch_median=None,
+                per_batch_q25=None, per_batch_q75=None)
+  ratios = base / new
+  picks = np.random.RandomState(seed).randint(0, base.size, (num_resamples, base.size))
+  resampled = base[picks].sum(1) / new[picks].sum(1)  # [num_resamples]
+  q25, median, q75 = np.percentile(ratios, [25, 50, 75])
+  return dict(out, pooled=float(base.sum() / new.sum()),
+              pooled_ci95=[float(x) for x in np.percentile(resampled, [2.5, 97.5])],
+              per_batch_median=float(median), per_batch_q25=float(q25),
+              per_batch_q75=float(q75))
+
+
+def format_speedup(stats: Optional[Dict[str, Any]]) -> str:
+  """One line of `paired_speedup`'s figures, e.g. '1.23x (95% CI 1.18-1.29x; per-batch
+  median 1.21x, IQR 1.10-1.35x, 99 batches)'."""
+  if not stats or stats.get('pooled') is None:
+    return 'n/a (no batch without compilation)'
+  lo, hi = stats['pooled_ci95']
+  return (f"{stats['pooled']:.2f}x (95% CI {lo:.2f}-{hi:.2f}x; per-batch median "
+          f"{stats['per_batch_median']:.2f}x, IQR {stats['per_batch_q25']:.2f}-"
+          f"{stats['per_batch_q75']:.2f}x, {stats['num_batches']} batches)")
 
 
 def environment() -> Dict[str, Any]:

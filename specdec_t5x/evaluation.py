@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import api, benchmarking, drafts, network, sampling, theory, training
+from specdec_t5x import api, batching, benchmarking, drafts, network, sampling, theory, training
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO_DIR = os.path.join(REPO_ROOT, 'checkpoints', 'demo')
@@ -69,16 +69,15 @@ def load_examples(task: str, num: Optional[int] = None, vocab_path: str = DEMO_V
 
 
 def pad_batch(rows: Sequence[np.ndarray], length: Optional[int] = None) -> np.ndarray:
-  """Rows of token ids -> [len(rows), length] int32, zero-padded (length: the longest)."""
+  """Rows of token ids -> [len(rows), length] int32, zero-padded (length: the longest).
+
+  A store for many rows; the decoding helpers below cut each batch they take from it to
+  its length bucket (batching.trim_batch)."""
   length = length or max(len(r) for r in rows)
   out = np.zeros((len(rows), length), np.int32)
   for i, r in enumerate(rows):
     out[i, :min(len(r), length)] = r[:length]
   return out
-
-
-def bucket(n: int, multiple: int = 16) -> int:
-  return -(-n // multiple) * multiple
 
 
 # ------------------------------------------------------------------ alpha
@@ -90,8 +89,8 @@ def target_outputs(target: ModelAndParams, enc: np.ndarray, cfg: sampling.Sampli
   """Target-only (autoregressive) decodes of enc [N, L], each cut after its EOS."""
   outs = []
   for start in range(0, len(enc), batch):
-    chunk = pad_batch(enc[start:start + batch], enc.shape[1])
-    n = len(enc[start:start + batch])
+    chunk = batching.trim_batch(enc[start:start + batch])
+    n = len(chunk)
     chunk = np.concatenate([chunk, np.repeat(chunk[:1], batch - n, 0)]) if n < batch else chunk
     out = api.generate(target, chunk, temperature=cfg.temperature, topk=cfg.topk,
                        topp=cfg.topp, max_decode_length=max_len,
@@ -126,13 +125,14 @@ def betas(target: ModelAndParams, draft: ModelAndParams, enc: np.ndarray,
 
   Distributions are `sampling.standardize`d with `cfg` (temperature; top-k/p if set).
   """
-  dec_len = bucket(max(len(o) for o in outputs))
+  dec_len = batching.bucket_length(max(len(o) for o in outputs))
   found = []
   for start in range(0, len(outputs), batch):
     rows = list(outputs[start:start + batch])
     n = len(rows)
     rows += [rows[0]] * (batch - n)
-    e = pad_batch(list(enc[start:start + n]) + [enc[start]] * (batch - n), enc.shape[1])
+    e = batching.trim_batch(pad_batch(list(enc[start:start + n]) + [enc[start]] * (batch - n),
+                                      enc.shape[1]))
     d = jnp.asarray(pad_batch(rows, dec_len))
     p = _LOGITS(target[0], target[1], jnp.asarray(e), d)
     q = _LOGITS(draft[0], draft[1], jnp.asarray(e), d)
@@ -170,7 +170,8 @@ def alpha_from_tokens_per_call(tokens_per_call: float, gamma: int) -> float:
 
 @dataclasses.dataclass
 class Decoder:
-  """A batch-1 decode over a list of encoder rows, remembering the last run's stats."""
+  """A batch-1 decode over a list of encoder rows, each at its length bucket
+  (batching.trim_batch), remembering the last run's stats."""
   target: ModelAndParams
   draft: Optional[ModelAndParams]
   enc: np.ndarray  # [N, L]
@@ -182,11 +183,15 @@ class Decoder:
   stats: Optional[Dict[str, np.ndarray]] = None
   tokens: Optional[List[np.ndarray]] = None
 
+  def __post_init__(self):
+    # Each row at its length bucket, cut once rather than inside the timed loop.
+    self._rows = [batching.trim_batch(self.enc[i:i + 1]) for i in range(len(self.enc))]
+
   def __call__(self):
     outs = []
-    for i in range(len(self.enc)):
+    for i, row in enumerate(self._rows):
       outs.append(api.generate(
-          self.target, self.enc[i:i + 1], draft=self.draft, gamma=self.gamma,
+          self.target, row, draft=self.draft, gamma=self.gamma,
           temperature=self.cfg.temperature, topk=self.cfg.topk, topp=self.cfg.topp,
           max_decode_length=self.max_len, rng=jax.random.PRNGKey(self.seed + i),
           eos_id=self.eos_id))
@@ -207,7 +212,7 @@ def costs(target: ModelAndParams, drafts_: Dict[str, ModelAndParams], enc: np.nd
   With `max_len`, caches have the decode's own size (max_len + max gamma + 1). The call
   costs' repeats are interleaved (benchmarking.call_costs).
   """
-  enc = jnp.asarray(enc[:1])
+  enc = jnp.asarray(batching.trim_batch(enc[:1]))
   cache_len = max_len + max(gammas) + 1 if max_len else 0
   specs = {'t_target_step': (*target, 1)}
   specs.update({f't_draft_step_{name}': (*draft, 1) for name, draft in drafts_.items()})
@@ -334,7 +339,7 @@ def speculative_stats(target: ModelAndParams, draft: ModelAndParams, enc: np.nda
   """Summed generate() statistics of speculative decoding over the rows of enc [N, L]."""
   total: Dict[str, np.ndarray] = {}
   for start in range(0, len(enc), batch):
-    chunk = enc[start:start + batch]
+    chunk = batching.trim_batch(enc[start:start + batch])
     out = api.generate(target, chunk, draft=draft, gamma=gamma, temperature=cfg.temperature,
                        topk=cfg.topk, topp=cfg.topp, max_decode_length=max_len,
                        rng=jax.random.PRNGKey(seed + start), eos_id=eos_id)
@@ -342,6 +347,94 @@ def speculative_stats(target: ModelAndParams, draft: ModelAndParams, enc: np.nda
       v = np.asarray(v)
       total[k] = total.get(k, 0) + (v if k == 'accepted_length_histogram' else v.sum(0))
   return total
+
+
+def demo_speedups(target_name: str, draft_names: Sequence[str], tasks: Sequence[str],
+                  temperatures: Sequence[float], gammas: Sequence[int], num_examples: int,
+                  max_len: int, repeats: int = 3, cost_calls: int = 32, cost_repeats: int = 7,
+                  seed: int = 0, alpha_cells: Sequence[Dict[str, Any]] = (),
+                  progress: Optional[Any] = None) -> List[Dict[str, Any]]:
+  """The demo family's Table 2: per task, call costs (`costs`) and, per temperature, the
+  `sweep` of every draft and gamma over the task's first `num_examples` test inputs.
+
+  `alpha_cells`: measure_alpha's cells (task, draft, temperature, alpha); their alpha
+  drives theory (else the fit). `progress.update(1)` is called after each costs / sweep.
+  Returns one group per (task, temperature): {'task', 'temperature', 'costs_s', **sweep}.
+  """
+  target = load_model(target_name)
+  examples = {t: load_examples(t, num_examples) for t in tasks}
+  groups = []
+  for task in tasks:
+    enc = pad_batch([e.inputs for e in examples[task]])  # rows run at their length buckets
+    drafts_ = {name: load_model(name, task) for name in draft_names}
+    cost = costs(target, drafts_, enc, gammas, cost_calls, cost_repeats, max_len=max_len)
+    if progress is not None:
+      progress.update(1)
+    for temp in temperatures:
+      alphas = {c['draft']: c['alpha'] for c in alpha_cells
+                if c['task'] == task and c['temperature'] == temp}
+      res = sweep(target, drafts_, enc, max_len, gammas, sampling.SamplingConfig(temp), cost,
+                  repeats, seed, alphas=alphas)
+      groups.append({'task': task, 'temperature': temp, 'costs_s': cost, **res})
+      if progress is not None:
+        progress.update(1)
+  return groups
+
+
+def summarize_stats(out) -> Dict[str, Optional[float]]:
+  """Totals over a generate() output's rows: generated tokens, target calls, tokens per
+  call and alpha = accepted / drafted (None when nothing was drafted)."""
+  s = {k: np.asarray(v) for k, v in out.stats.items()}
+  gen, calls = float(s['generated_tokens'].sum()), float(s['target_calls'].sum())
+  drafted = float(s['drafted_tokens'].sum())
+  return {'generated_tokens': gen, 'target_calls': calls,
+          'tokens_per_call': gen / max(calls, 1.0),
+          'alpha': float(s['accepted_tokens'].sum()) / drafted if drafted else None}
+
+
+def batch_throughput(target: ModelAndParams, draft: ModelAndParams, enc: np.ndarray,
+                     batches: Sequence[int], gammas: Sequence[int], max_len: int,
+                     repeats: int = 2, check_rows: int = 16, eos_id: int = 1,
+                     report: Optional[Any] = None) -> List[Dict[str, Any]]:
+  """Greedy tokens/s of AR and speculative decoding (each gamma) on enc[:b] in one call,
+  for each batch size b; per batch the methods are timed interleaved after compilation.
+
+  Each row: batch, method ('ar' / 'spec_g{gamma}'), gamma, median seconds, tokens/s
+  (generated tokens / seconds), speedup_vs_ar at the same batch, summarize_stats, and
+  whether the first `check_rows` rows equal their batch-1 decodes. `report(row)` is
+  called as each row is ready.
+  """
+  if max(batches) > len(enc):
+    raise ValueError(f'batch {max(batches)} needs {max(batches)} encoder rows, got {len(enc)}.')
+  methods = {'ar': None, **{f'spec_g{g}': g for g in gammas}}
+
+  def decode(rows, g):  # each batch at its length bucket
+    kw = {} if g is None else {'draft': draft, 'gamma': g}
+    rows = batching.trim_batch(rows)
+    return lambda: api.generate(target, rows, max_decode_length=max_len, eos_id=eos_id, **kw)
+  checked = min(max(batches), check_rows)
+  single = {m: [np.asarray(decode(enc[r:r + 1], g)().tokens[0]) for r in range(checked)]
+            for m, g in methods.items()}
+  rows = []
+  for b in batches:
+    fns = {m: decode(enc[:b], g) for m, g in methods.items()}
+    med = {m: statistics.median(t) for m, t in benchmarking.median_times(fns, repeats).items()}
+    for m, g in methods.items():
+      out = fns[m]()
+      st = summarize_stats(out)
+      tokens, n = np.asarray(out.tokens), min(b, checked)
+      row = dict(batch=b, method=m, gamma=g, seconds=med[m],
+                 tokens_per_s=st['generated_tokens'] / med[m],
+                 rows_equal_batch1=all(np.array_equal(tokens[r], single[m][r]) for r in range(n)),
+                 rows_checked=n, **st)
+      rows.append(row)
+    ar = next(r for r in rows if r['batch'] == b and r['method'] == 'ar')
+    for r in rows:
+      if r['batch'] == b:
+        r['speedup_vs_ar'] = r['tokens_per_s'] / ar['tokens_per_s']
+        if report is not None:
+          report(r)
+  return rows
 
 
 # ------------------------------------------------------------------ gin run files

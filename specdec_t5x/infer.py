@@ -36,11 +36,13 @@ import numpy as np
 import seqio
 from tqdm import tqdm
 
-from specdec_t5x import gin_checks, models, run_dir, tasks, vocab_check
+from specdec_t5x import (batching, benchmarking, gin_checks, models, run_dir, tasks,
+                         vocab_check)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ('predict', 'predict_with_aux')
 _COUNTERS = models.PER_EXAMPLE_STATS
+_PER_BATCH = 'warm_batch_seconds'  # [[batch index, seconds], ...] of batches not compiling
 
 
 def write_atomic(path: str, text: str) -> None:
@@ -171,14 +173,17 @@ class _BatchRunner:
     self.model, self.params, self.partitioner, self.vocab = model, params, partitioner, vocab
     self.input_len, self.max_len, self.rng = input_len, max_len, rng
     self.batches_run = 0
+    self.shapes_run: set = set()
 
   def run(self, index: int, rows: Sequence[Mapping[str, Any]],
           info: Dict[str, Any]) -> List[str]:
-    enc = np.zeros((len(rows), self.input_len), np.int32)
-    for r, ex in enumerate(rows):
-      enc[r, :len(ex['inputs'])] = ex['inputs']
+    # Padded to the smallest length bucket that holds the batch (batching.py): the same
+    # tokens as padding to input_len, with encoders run over fewer positions.
+    enc = batching.pad_batch([ex['inputs'] for ex in rows], self.input_len)
     batch = {'encoder_input_tokens': enc,
              'decoder_input_tokens': np.zeros((len(rows), self.max_len), np.int32)}
+    compiles = enc.shape not in self.shapes_run  # The first batch of a shape compiles.
+    self.shapes_run.add(enc.shape)
     if self.partitioner is not None:
       batch = {k: self.partitioner.shard_batch(v) for k, v in batch.items()}
     tick = time.perf_counter()
@@ -189,8 +194,9 @@ class _BatchRunner:
     stats = {k: int(np.sum(aux[k])) for k in _COUNTERS}
     stats['accepted_length_histogram'] = batch_stats['accepted_length_histogram']
     stats['seconds'] = seconds
-    if self.batches_run:  # The first batch of a run includes compilation.
+    if not compiles:
       stats.update(warm_seconds=seconds, warm_tokens=stats['generated_tokens'])
+      info.setdefault(_PER_BATCH, []).append([index, seconds])
     for k, v in stats.items():
       info[k] = np.add(info.get(k, 0), v).tolist()
     self.batches_run += 1
@@ -202,6 +208,9 @@ def _sum_chunks(infos: List[Dict[str, Any]]) -> Dict[str, Any]:
   total: Dict[str, Any] = {}
   for info in infos:
     for k, v in info.items():
+      if k == _PER_BATCH:  # a list per batch: concatenated, not summed
+        total[k] = total.get(k, []) + list(v)
+        continue
       total[k] = (np.add(total[k], v) if k in total else np.asarray(v)).tolist()
   return total
 
@@ -238,7 +247,10 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
     compare_baseline: also decode every batch autoregressively with the target alone,
       right after its speculative run (interleaved, same process), write
       `{task}-{mode}-baseline.jsonl...` (chunked and resumable like the main file), and
-      report its metrics and the walltime speedup (first batches, which compile, excluded).
+      report its metrics and the walltime speedup: pooled (total baseline / total
+      speculative seconds) with a bootstrap interval, and the median and quartiles of the
+      per-batch ratios (benchmarking.paired_speedup), over the batches that compile in
+      neither run (the first of each input shape).
     overwrite: replace what output_dir holds for this task and shard when it was made
       with other settings (otherwise refused, finished or not). A run with the same
       settings is never discarded: it resumes, or, finished, is returned undecoded.
@@ -359,17 +371,26 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
                      inputs_at_length_limit=int(at_limit))
   metrics['decode_seed'] = decode_seed
   metrics['run_settings'] = fingerprint  # checked by the next run in this output_dir
+  if getattr(model, 'gamma_choice', None):  # gamma='auto': what was measured and chosen
+    metrics['gamma_choice'] = model.gamma_choice
   if base_store is not None:
     base_path = os.path.join(output_dir, base_fname)
     base_store.assemble(num_chunks, base_path)
     base = _sum_chunks([base_store.chunks[str(c)] for c in range(num_chunks)])
-    warm, spec_warm = base.get('warm_seconds', 0.0), total.get('warm_seconds', 0.0)
+    warm = base.get('warm_seconds', 0.0)
     metrics['baseline'] = {
         'predictions_file': base_fname, 'metrics': task_metrics(task, base_path),
         'wall_seconds': base.get('seconds', 0.0), 'warm_seconds': warm,
         'tokens_per_second': base.get('warm_tokens', 0) / warm if warm else None,
         **models.summarize_stats(base)}
-    metrics['walltime_speedup'] = warm / spec_warm if warm and spec_warm else None
+    # Batch by batch, over the batches that compiled in neither run (same inputs).
+    spec_s = {int(b): t for b, t in total.get(_PER_BATCH, [])}
+    base_s = {int(b): t for b, t in base.get(_PER_BATCH, [])}
+    paired = sorted(set(spec_s) & set(base_s))
+    speed = benchmarking.paired_speedup([base_s[b] for b in paired],
+                                        [spec_s[b] for b in paired])
+    metrics['walltime_speedup'] = speed['pooled']
+    metrics['walltime_speedup_stats'] = speed
     _print_summary(metrics)
   # metrics.json first: a kill before the tmp dirs are gone leaves a finished run (the
   # rerun returns it), never a run without its chunks.
@@ -386,9 +407,13 @@ def _print_summary(m: Mapping[str, Any]) -> None:
     return ', '.join(f'{k} {v:.2f}' for k, v in (scores or {}).items())
   print(f"{m['task']}: speculative [{fmt(m.get('metrics'))}] vs baseline "
         f"[{fmt(m['baseline'].get('metrics'))}]")
+  choice = m.get('gamma_choice')
+  gamma = (f"{choice['gamma']} (auto: alpha {choice['alpha']:.2f}, c {choice['c']:.2f})"
+           if choice else m.get('gamma'))
   print(f"alpha {m.get('alpha_empirical') or 0:.3f}, "
         f"{m.get('mean_tokens_per_target_call') or 0:.2f} tokens per target call, gamma "
-        f"{m.get('gamma')}, walltime speedup {m.get('walltime_speedup') or 0:.2f}x")
+        f"{gamma}")
+  print(f"walltime speedup {benchmarking.format_speedup(m.get('walltime_speedup_stats'))}")
 
 
 def _metrics(task: Any, output_path: str, total: Dict[str, Any], settings: Dict[str, Any],

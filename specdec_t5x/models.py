@@ -125,7 +125,7 @@ class _SpeculativeMixin:
 
   def _init_speculative(self, *, draft_config, draft_module, draft_checkpoint, draft_params,
                         draft_vocabulary, gamma, temperature, topk, topp, max_decode_length,
-                        lenience, verifier):
+                        lenience, verifier, gamma_alpha):
     target = as_our_transformer(self.module)
     if draft_module is None and draft_config is not None:
       draft_module = network.Transformer(draft_config)
@@ -135,13 +135,20 @@ class _SpeculativeMixin:
     self.draft_checkpoint = draft_checkpoint
     self.draft_vocabulary = draft_vocabulary
     self._draft_params = draft_params
-    self.gamma, self.temperature = int(gamma), float(temperature)
+    # 'auto': chosen at the first batch from measured call costs (auto_gamma.py).
+    self.gamma = self.gamma_setting = gamma if gamma == 'auto' else int(gamma)
+    self.gamma_alpha = None if gamma_alpha is None else float(gamma_alpha)
+    self.gamma_choice: Optional[Dict[str, Any]] = None
+    self.temperature = float(temperature)
     self.topk, self.topp = int(topk), float(topp)
     self.max_decode_length = max_decode_length
     self.lenience, self.verifier = float(lenience), verifier
     self._run_totals: Dict[str, Any] = {}
-    if self.gamma < 1:
-      raise ValueError(f'gamma must be >= 1, got {gamma}.')
+    if self.gamma != 'auto' and self.gamma < 1:
+      raise ValueError(f"gamma must be >= 1 or 'auto', got {gamma}.")
+    if self.gamma_alpha is not None and not 0.0 <= self.gamma_alpha <= 1.0:
+      raise ValueError(f"gamma_alpha (alpha for gamma='auto') must be in [0, 1], got "
+                       f'{gamma_alpha}.')
     if not 0.0 < self.lenience <= 1.0:
       raise ValueError(f'lenience must be in (0, 1], got {lenience}.')
     if draft_module is not None:
@@ -226,7 +233,9 @@ class _SpeculativeMixin:
   def describe(self) -> Dict[str, Any]:
     """Settings for metrics.json and for checking that a resumed run is the same run."""
     return {
-        'speculative': self.is_speculative, 'gamma': self.gamma if self.is_speculative else None,
+        'speculative': self.is_speculative,
+        'gamma': self.gamma_setting if self.is_speculative else None,
+        **({'gamma_alpha': self.gamma_alpha} if self.gamma_setting == 'auto' else {}),
         'temperature': self.temperature, 'topk': self.topk, 'topp': self.topp,
         'lenience': self.lenience, 'lossy': self.lenience < 1.0, 'verifier': self.verifier,
         'max_decode_length': self.max_decode_length,
@@ -255,13 +264,38 @@ class _SpeculativeMixin:
           jax.sharding.PartitionSpec())
       self._draft_params = jax.device_put(self._draft_params, replicated)
     draft = (self.draft_module, self.draft_params) if self.is_speculative else None
+    if draft is not None and self.gamma == 'auto':
+      self._choose_gamma(params, batch['encoder_input_tokens'], int(max_len), rng)
     out = api.generate((self.target_module, params), batch['encoder_input_tokens'],
-                       draft=draft, gamma=self.gamma, temperature=self.temperature,
+                       draft=draft, gamma=self.gamma if draft is not None else 1,
+                       temperature=self.temperature,
                        topk=self.topk, topp=self.topp, max_decode_length=int(max_len),
                        rng=rng, eos_id=self.eos_id, lenience=self.lenience,
                        verifier=self.verifier)
     aux = {k: out.stats[k] for k in PER_EXAMPLE_STATS}
     return out.tokens, aux, {'accepted_length_histogram': out.stats['accepted_length_histogram']}
+
+  def _choose_gamma(self, params: Any, enc: Any, max_len: int,
+                    rng: Optional[jax.Array]) -> None:
+    """gamma='auto': measures call costs on `enc` (and alpha, unless `gamma_alpha` is
+    set) and fixes gamma for every later batch; the choice is kept in `gamma_choice`."""
+    from specdec_t5x import auto_gamma  # pylint: disable=g-import-not-at-top
+    if isinstance(enc, jax.core.Tracer):
+      raise ValueError("gamma='auto' times calls on the first batch, which needs concrete "
+                       'inputs: run python -m specdec_t5x.infer, or set an integer gamma '
+                       '(e.g. --gin.GAMMA=3) under a runner that traces the model.')
+    target, draft = (self.target_module, params), (self.draft_module, self.draft_params)
+    alpha = self.gamma_alpha
+    if alpha is None:
+      alpha = auto_gamma.warmup_alpha(
+          target, draft, enc, max_len=max_len, eos_id=self.eos_id,
+          rng=jax.random.PRNGKey(0) if rng is None else rng, temperature=self.temperature,
+          topk=self.topk, topp=self.topp)
+    self.gamma_choice = dict(auto_gamma.choose_gamma(target, draft, enc, alpha=alpha,
+                                                     max_len=max_len),
+                             alpha_source='given' if self.gamma_alpha is not None
+                             else 'warm-up decode of the first batch')
+    self.gamma = self.gamma_choice['gamma']
 
   def predict_batch_with_aux(self, params: Any, batch: Mapping[str, Any],
                              rng: Optional[jax.Array] = None,
@@ -321,7 +355,7 @@ class _SpeculativeMixin:
 _DRAFT_DEFAULTS = dict(draft_config=None, draft_module=None, draft_checkpoint=None,
                        draft_params=None, draft_vocabulary=None, gamma=4, temperature=0.0,
                        topk=0, topp=0.0, max_decode_length=None, lenience=1.0,
-                       verifier='token')
+                       verifier='token', gamma_alpha=None)
 
 
 class StandaloneSpeculativeModel(_SpeculativeMixin):
@@ -336,7 +370,9 @@ class StandaloneSpeculativeModel(_SpeculativeMixin):
     draft_checkpoint: T5X checkpoint of the draft (loaded by `restore_draft`).
     draft_params: draft parameters, instead of a checkpoint.
     draft_vocabulary: the draft's vocabulary, checked to be the target's.
-    gamma, temperature, topk, topp, lenience, verifier: see `specdec_t5x.generate`.
+    gamma, temperature, topk, topp, lenience, verifier: see `specdec_t5x.generate`;
+      gamma='auto' picks gamma at the first batch from call costs measured then
+      (auto_gamma.py) and alpha `gamma_alpha` (None: a warm-up decode of that batch).
     max_decode_length: decoder tokens per example; None = batch['decoder_input_tokens']
       length (T5X's convention).
   """

@@ -4,9 +4,11 @@ The parameter tree is identical to T5X's `t5x/examples/t5/network.py`, so T5X pa
 drop in unchanged, and every parameter carries the same logical axis names (`init` returns
 T5X's `params_axes` collection, which T5X's partitioner reads). `__call__` takes T5X's module
 call signature (segment ids and positions of packed examples, `enable_dropout`, `decode`), so
-`t5x.models.EncoderDecoderModel` can initialise, train and score it. T5X's one-token decode
-cache (`decode=True`) is not implemented; decoding uses the methods below. Beyond the
-teacher-forced forward pass it offers:
+`t5x.models.EncoderDecoderModel` can initialise, train and score it. It applies T5X's
+casts (LayerNorm, attention logits and softmax, float32 logits), so in bfloat16 as in
+float32 its teacher-forced logits equal T5X's bit for bit (tests/test_network_t5x.py).
+T5X's one-token decode cache (`decode=True`) is not implemented; decoding uses the methods
+below. Beyond the teacher-forced forward pass it offers:
 
 * `encode`: the encoder stack;
 * `init_cache`: cross-attention keys/values of the encoder output, computed once per
@@ -54,6 +56,9 @@ class T5Config:
   mlp_activations: Sequence[str] = ('relu',)
   dropout_rate: float = 0.1
   logits_via_embedding: bool = False
+  # Attention logits and softmax in float32 even when `dtype` is bfloat16 (T5X's flag;
+  # off in T5X's configs, so off here: bfloat16 logits equal T5X's bit for bit).
+  float32_attention_logits: bool = False
 
 
 def _act(name: str):
@@ -92,7 +97,11 @@ class Dense(nn.Module):
 
 
 class RMSNorm(nn.Module):
-  """T5 layer norm: no mean subtraction, no bias, computed in float32."""
+  """T5 layer norm: no mean subtraction, no bias.
+
+  Normalised in float32, then cast to `dtype` before the scale multiplies (in `dtype`),
+  as T5X does: in bfloat16 that is two roundings, and T5X's logits depend on them.
+  """
   dtype: Any = jnp.float32
   epsilon: float = 1e-6
 
@@ -101,7 +110,7 @@ class RMSNorm(nn.Module):
     scale = _param(self, 'scale', nn.initializers.ones, (x.shape[-1],), ('embed',))
     x = x.astype(jnp.float32)
     y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.epsilon)
-    return (y * scale).astype(self.dtype)
+    return y.astype(self.dtype) * scale.astype(self.dtype)
 
 
 def relative_position_bucket(relative_position, bidirectional: bool,
@@ -147,12 +156,17 @@ def _kernel_init(scale: float = 1.0):
 
 
 class Attention(nn.Module):
-  """Multi-head dot-product attention without 1/sqrt(d) scaling (folded into init)."""
+  """Multi-head dot-product attention without 1/sqrt(d) scaling (folded into init).
+
+  Attention logits, bias addition and softmax run in `dtype` unless `float32_logits`
+  (T5X's casts: with bfloat16 and the flag off, as in T5X's configs, they are bfloat16).
+  """
   num_heads: int
   head_dim: int
   out_dim: int
   dtype: Any = jnp.float32
   dropout_rate: float = 0.0
+  float32_logits: bool = False
 
   def setup(self):
     inner = self.num_heads * self.head_dim
@@ -175,7 +189,10 @@ class Attention(nn.Module):
 
   def attend(self, q, k, v, bias, deterministic: bool = True):
     """q [b, q, h, d], k/v [b, k, h, d], bias [b or 1, h or 1, q, k] (mask folded in)."""
-    logits = jnp.einsum('bqhd,bkhd->bhqk', q, k).astype(jnp.float32) + bias.astype(jnp.float32)
+    if self.float32_logits:
+      q, k = q.astype(jnp.float32), k.astype(jnp.float32)
+    logits = jnp.einsum('bqhd,bkhd->bhqk', q, k)  # [b, h, q, k]
+    logits = logits + bias.astype(logits.dtype)
     weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
     weights = self.dropout(weights, deterministic=deterministic)
     out = jnp.einsum('bhqk,bkhd->bqhd', weights, v)
@@ -205,8 +222,9 @@ class MlpBlock(nn.Module):
     return Dense(x.shape[-1], self.dtype, _kernel_init(), ('mlp', 'embed'), name='wo')(h)
 
 
-def _attention(cfg: T5Config) -> Attention:
-  return Attention(cfg.num_heads, cfg.head_dim, cfg.emb_dim, cfg.dtype, cfg.dropout_rate)
+def _attention(cfg: T5Config, **kwargs) -> Attention:
+  return Attention(cfg.num_heads, cfg.head_dim, cfg.emb_dim, cfg.dtype, cfg.dropout_rate,
+                   cfg.float32_attention_logits, **kwargs)
 
 
 class EncoderLayer(nn.Module):
@@ -217,8 +235,7 @@ class EncoderLayer(nn.Module):
     cfg = self.config
     drop = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
     y = RMSNorm(cfg.dtype, name='pre_attention_layer_norm')(x)
-    y = Attention(cfg.num_heads, cfg.head_dim, cfg.emb_dim, cfg.dtype, cfg.dropout_rate,
-                  name='attention')(y, y, bias, deterministic)
+    y = _attention(cfg, name='attention')(y, y, bias, deterministic)
     x = x + drop(y, deterministic=deterministic)
     y = RMSNorm(cfg.dtype, name='pre_mlp_layer_norm')(x)
     y = MlpBlock(cfg.mlp_dim, tuple(cfg.mlp_activations), cfg.dtype, cfg.dropout_rate,
@@ -273,8 +290,9 @@ class DecoderLayer(nn.Module):
     return x, dict(layer_cache, k=k_cache, v=v_cache)
 
 
-def _mask_to_bias(mask):
-  return jnp.where(mask, 0.0, NEG_INF).astype(jnp.float32)
+def _mask_to_bias(mask, dtype):
+  """Boolean mask -> additive bias (0 or NEG_INF) in `dtype`, as T5X builds it."""
+  return jnp.where(mask, 0.0, NEG_INF).astype(dtype)
 
 
 def _pairwise(query, key, fn=jnp.logical_and):
@@ -300,8 +318,11 @@ class Embed(nn.Module):
     return jnp.take(self.embedding.astype(self.dtype), tokens, axis=0)
 
   def attend(self, query):
-    """[..., emb] -> [..., vocab]: dot products with every embedding."""
-    return jnp.dot(query.astype(self.dtype), self.embedding.astype(self.dtype).T)
+    """[..., emb] -> [..., vocab] float32: dot products with every embedding.
+
+    In float32 whatever `dtype` is, as T5X's tied logits (`attend_dtype=float32`).
+    """
+    return jnp.dot(query.astype(jnp.float32), self.embedding.astype(jnp.float32).T)
 
 
 _T5X_DECODE_UNSUPPORTED = (
@@ -418,7 +439,7 @@ class Encoder(nn.Module):
     mask = _pairwise(valid, valid)  # [batch, len, len]
     if segment_ids is not None:
       mask = mask & _pairwise(segment_ids, segment_ids, jnp.equal)
-    bias = self.relpos_bias(pos, pos) + _mask_to_bias(mask[:, None])
+    bias = self.relpos_bias(pos, pos) + _mask_to_bias(mask[:, None], self.config.dtype)
     x = self.dropout(self.shared_embedding(tokens.astype(jnp.int32)), deterministic=deterministic)
     for layer in self.layers:
       x = layer(x, bias, deterministic)
@@ -436,15 +457,15 @@ class Decoder(nn.Module):
     self.decoder_norm = RMSNorm(cfg.dtype)
     self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
     if not cfg.logits_via_embedding:
-      self.logits_dense = Dense(cfg.vocab_size, cfg.dtype, _kernel_init(), ('embed', 'vocab'))
+      # float32 whatever cfg.dtype is, as in T5X ("for stability").
+      self.logits_dense = Dense(cfg.vocab_size, jnp.float32, _kernel_init(), ('embed', 'vocab'))
 
   def _logits(self, x, deterministic):
+    """Decoder output [b, len, emb] -> float32 logits [b, len, vocab]."""
     x = self.dropout(self.decoder_norm(x), deterministic=deterministic)
-    if self.config.logits_via_embedding:
-      logits = self.shared_embedding.attend(x) / jnp.sqrt(x.shape[-1]).astype(x.dtype)
-    else:
-      logits = self.logits_dense(x)
-    return logits.astype(jnp.float32)
+    if self.config.logits_via_embedding:  # T5 v1.0: tied, scaled by 1/sqrt(emb_dim)
+      return self.shared_embedding.attend(x) / jnp.sqrt(jnp.float32(x.shape[-1]))
+    return self.logits_dense(x)
 
   def __call__(self, encoded, encoder_tokens, decoder_input_tokens, decoder_target_tokens=None,
                encoder_segment_ids=None, decoder_segment_ids=None, deterministic: bool = True):
@@ -459,13 +480,13 @@ class Decoder(nn.Module):
       mask = mask & _pairwise(dec_valid, dec_valid)
     if decoder_segment_ids is not None:
       mask = mask & _pairwise(decoder_segment_ids, decoder_segment_ids, jnp.equal)
-    self_bias = self.relpos_bias(pos, pos) + _mask_to_bias(mask[:, None])
+    self_bias = self.relpos_bias(pos, pos) + _mask_to_bias(mask[:, None], self.config.dtype)
     cross_mask = (encoder_tokens > 0)[:, None, :]  # [b, 1, enc]
     if dec_valid is not None:
       cross_mask = cross_mask & dec_valid[:, :, None]
     if encoder_segment_ids is not None:
       cross_mask = cross_mask & _pairwise(decoder_segment_ids, encoder_segment_ids, jnp.equal)
-    cross_bias = _mask_to_bias(cross_mask[:, None])
+    cross_bias = _mask_to_bias(cross_mask[:, None], self.config.dtype)
     x = self.shared_embedding(decoder_input_tokens.astype(jnp.int32))
     x = self.dropout(x, deterministic=deterministic)
     for layer in self.layers:
@@ -490,8 +511,9 @@ class Decoder(nn.Module):
     q_pos = positions[:, None] + jnp.arange(k)[None, :]  # [b, k]
     key_pos = jnp.arange(num_slots)[None, :] - 1  # [1, slots]
     mask = (key_pos[:, None, :] >= 0) & (key_pos[:, None, :] <= q_pos[:, :, None])  # [b, k, slots]
-    self_bias = self.relpos_bias(q_pos, key_pos) + _mask_to_bias(mask[:, None])
-    cross_bias = _mask_to_bias(cache['encoder_mask'][:, None, None, :])
+    dtype = self.config.dtype
+    self_bias = self.relpos_bias(q_pos, key_pos) + _mask_to_bias(mask[:, None], dtype)
+    cross_bias = _mask_to_bias(cache['encoder_mask'][:, None, None, :], dtype)
     x = self.shared_embedding(tokens.astype(jnp.int32))
     new_layers = []
     for layer, layer_cache in zip(self.layers, cache['layers']):

@@ -111,10 +111,10 @@ def test_costs_measure_calls_and_prefill_separately(models):
   # The 0-call program still computes the encoder and cache (its result depends on them),
   # so the encoder cancels out of call_cost's difference instead of being dead code.
   module, params = target
-  none = benchmarking._repeated_extend(module, 1, 0, 12)  # pylint: disable=protected-access
+  run = benchmarking._repeated_extend(module, 1, 12)  # pylint: disable=protected-access
   doubled = jax.tree_util.tree_map(lambda x: 2 * x, params)
   e = jnp.asarray(enc[:1])
-  assert not np.allclose(np.asarray(none(params, e)), np.asarray(none(doubled, e)))
+  assert not np.allclose(np.asarray(run(params, e, 0)), np.asarray(run(doubled, e, 0)))
 
 
 def test_ideal_end_to_end_counts_prefill():

@@ -22,8 +22,8 @@ VERSIONS = {
 FEATURES = ('encoder_input_tokens', 'decoder_input_tokens', 'decoder_target_tokens',
             'encoder_segment_ids', 'decoder_segment_ids', 'encoder_positions',
             'decoder_positions')
-def _modules(version):
-  kw = dict(BASE, **VERSIONS[version])
+def _modules(version, **overrides):
+  kw = dict(BASE, **VERSIONS[version], **overrides)
   return (network.Transformer(network.T5Config(**kw)),
           t5x_network.Transformer(t5x_network.T5Config(**kw)))
 def _t5x_model(module):
@@ -99,6 +99,53 @@ def test_teacher_forced_logits_equal_t5x_network_with_packing(version):
   loss_ours = _t5x_model(ours).loss_fn(params, batch, dropout_rng=None)[0]
   loss_theirs = _t5x_model(theirs).loss_fn(params, batch, dropout_rng=None)[0]
   np.testing.assert_allclose(loss_ours, loss_theirs, rtol=1e-6)
+@pytest.mark.parametrize('float32_attention_logits', [False, True])
+@pytest.mark.parametrize('version', sorted(VERSIONS))
+def test_bfloat16_teacher_forced_logits_equal_t5x_bitwise(version, float32_attention_logits):
+  """Same casts as T5X in bfloat16 (LayerNorm, attention logits and bias, softmax, float32
+  logits layer / tied logits, embedding), so equal bits, not just close values."""
+  ours, theirs = _modules(version, dtype=jnp.bfloat16,
+                          float32_attention_logits=float32_attention_logits)
+  batch, _ = _packed_batch()
+  params = ours.init(jax.random.PRNGKey(1), batch['encoder_input_tokens'],
+                     batch['decoder_input_tokens'], batch['decoder_target_tokens'])['params']
+  # As t5x.infer restores them with dtype bfloat16.
+  params = jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), params)
+  args = [batch[k] for k in FEATURES]
+  for call_args in (args[:3], args):  # unpacked, packed
+    got = ours.apply({'params': params}, *call_args, enable_dropout=False)
+    want = theirs.apply({'params': params}, *call_args, enable_dropout=False)
+    assert got.dtype == want.dtype == jnp.float32
+    np.testing.assert_array_equal(got, want)
+  # The bfloat16 computation is real: float32 activations give other logits.
+  f32, _ = _modules(version, float32_attention_logits=float32_attention_logits)
+  got_f32 = f32.apply({'params': params}, *args, enable_dropout=False)
+  assert not np.array_equal(got, got_f32)
+  np.testing.assert_allclose(got, got_f32, atol=0.1)
+@pytest.mark.parametrize('tokens_per_call', [1, 3])
+@pytest.mark.parametrize('version', sorted(VERSIONS))
+def test_bfloat16_cached_decode_equals_t5x_teacher_forced(version, tokens_per_call):
+  """encode / init_cache / extend use the teacher-forced path's casts: in bfloat16 the
+  cached logits (1 or 3 tokens per call) equal T5X's teacher-forced logits bit for bit at
+  these sizes. (At larger sizes XLA's CPU dot can round a bfloat16 output differently
+  with the number of rows in the call, so speculative verification can differ from
+  one-token calls in the last bit; scripts/bf16_agreement.py measures it.)"""
+  ours, theirs = _modules(version, dtype=jnp.bfloat16)
+  rs = np.random.RandomState(2)
+  enc = jnp.asarray(rs.randint(2, VOCAB, (3, 11)), jnp.int32).at[1, 7:].set(0)
+  targets = jnp.asarray(rs.randint(2, VOCAB, (3, 9)), jnp.int32)
+  dec = jnp.pad(targets[:, :-1], ((0, 0), (1, 0)))
+  params = ours.init(jax.random.PRNGKey(3), enc, dec, targets)['params']
+  want = theirs.apply({'params': params}, enc, dec, targets, enable_dropout=False)
+  encoded = ours.apply({'params': params}, enc, method='encode')
+  cache = ours.apply({'params': params}, encoded, enc, 12, method='init_cache')
+  got = []
+  for start in range(0, dec.shape[1], tokens_per_call):
+    positions = jnp.full((3,), start, jnp.int32)
+    logits, cache = ours.apply({'params': params}, cache, dec[:, start:start + tokens_per_call],
+                               positions, method='extend')
+    got.append(logits)
+  np.testing.assert_array_equal(jnp.concatenate(got, axis=1), want)
 def test_t5x_decode_mode_raises_clear_error():
   ours, _ = _modules('v1.1')
   d = jnp.ones((1, 4), jnp.int32)

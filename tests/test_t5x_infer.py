@@ -24,14 +24,12 @@ import pytest
 pytest.importorskip('t5x', reason='T5X is not installed (not on PyPI; see README "With T5X")')
 # pylint: disable=g-import-not-at-top,g-bad-import-order
 from t5x import checkpoints as t5x_checkpoints
-from t5x import decoding as t5x_decoding
-from t5x import models as t5x_models
 from t5x import partitioning as t5x_partitioning
 from t5x import train_state as t5x_train_state
 from t5x.examples.t5 import network as t5x_network
 import seqio
 
-from specdec_t5x import tasks
+from specdec_t5x import network, t5x_reference, tasks
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TASK = 'demo_ende'
@@ -81,17 +79,14 @@ def _t5x_save(variables, model_dir, orbax):
 
 
 def _stock_t5x_greedy(params, vocab, examples):
-  """Stock T5X: EncoderDecoderModel with T5X's network and temperature_sample at
-  temperature 0, decoded to text as t5x.infer does."""
-  model = t5x_models.EncoderDecoderModel(
-      module=t5x_network.Transformer(CONFIG), input_vocabulary=vocab,
-      output_vocabulary=vocab, optimizer_def=None, decode_fn=t5x_decoding.temperature_sample)
+  """Stock T5X greedy decoding (t5x_reference: EncoderDecoderModel + temperature_sample at
+  0), decoded to text as t5x.infer does."""
   enc = np.zeros((len(examples), LENGTHS['inputs']), np.int32)
   for r, ex in enumerate(examples):
     enc[r, :len(ex['inputs'])] = ex['inputs']
-  batch = {'encoder_input_tokens': enc,
-           'decoder_input_tokens': np.zeros((len(examples), LENGTHS['targets']), np.int32)}
-  decodes, _ = model.predict_batch_with_aux(params, batch, decoder_params={'temperature': 0.0})
+  ours = network.T5Config(**{f.name: getattr(CONFIG, f.name)
+                             for f in dataclasses.fields(network.T5Config)})
+  decodes = t5x_reference.greedy_decoder(ours, LENGTHS['targets'])(params, enc)
   return [vocab.decode_tf(np.asarray(d)[None]).numpy()[0].decode('utf-8') for d in decodes]
 
 

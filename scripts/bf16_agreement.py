@@ -1,0 +1,302 @@
+"""What holds exactly in bfloat16: our T5 vs stock T5X, and greedy speculative vs greedy AR.
+
+  python scripts/bf16_agreement.py                # results/bf16_agreement.{json,md}, ~minutes
+  python scripts/bf16_agreement.py --diagnose     # results/bf16_agreement_diagnosis.*, ~1 min
+  python scripts/bf16_agreement.py --time         # also times our AR decode per dtype
+
+Takes the demo family (checkpoints/demo: target demo_target/checkpoint_2239, draft
+demo_draft_m/checkpoint_5682; sizes from their config.json, as configs/demo.gin) and the
+committed EN-DE test sample (data/demo/ende_test.tsv, inputs padded to 128, at most 64
+decoded tokens: configs/demo.gin's TASK_FEATURE_LENGTHS). Real T5X must be installed.
+Params are cast to the network dtype, as t5x.infer restores them (CHECKPOINT_DTYPE).
+Measures, per dtype (bfloat16, float32):
+
+1. teacher-forced logits of our network vs T5X's network (t5x/examples/t5/network.py) on
+   the test references: max |difference| and argmax agreement;
+2. greedy autoregressive decoding, ours (`api.generate`) vs stock T5X
+   (`t5x.models.EncoderDecoderModel` + `t5x.decoding.temperature_sample`, temperature 0):
+   rows identical (EOS-terminated token lists);
+3. greedy speculative decoding (each --gammas) vs our greedy autoregressive decoding:
+   rows identical, and target calls.
+
+With --diagnose it instead finds where a (gamma + 1)-token call (speculative verification)
+first differs in bits from gamma + 1 one-token calls (autoregressive decoding) on the same
+cache and tokens, module by module in call order, and writes
+results/bf16_agreement_diagnosis.{json,md}.
+
+With --time it also times our autoregressive decode in each dtype (batch 1, the
+benchmarking module's interleaved repeats): run it on an idle machine only.
+Writes results/bf16_agreement.json and results/bf16_agreement.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from typing import Any, Dict, List, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_t5x import api, benchmarking, checkpoints, evaluation, network
+
+TARGET = 'demo_target/checkpoint_2239'
+DRAFT = 'demo_draft_m/checkpoint_5682'
+INPUT_LEN, MAX_LEN = 128, 64  # configs/demo.gin's TASK_FEATURE_LENGTHS
+DTYPES = ('bfloat16', 'float32')
+
+
+def load(path: str, dtype: str, float32_attention_logits: bool = False):
+  """(our Transformer, params cast to dtype) of checkpoints/demo/<model>/checkpoint_<step>."""
+  with open(os.path.join(evaluation.DEMO_DIR, os.path.dirname(path), 'config.json')) as f:
+    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in json.load(f).items()}
+  config = network.T5Config(**dict(fields, dtype=jnp.dtype(dtype), dropout_rate=0.0,
+                                   float32_attention_logits=float32_attention_logits))
+  params = checkpoints.load_params(os.path.join(evaluation.DEMO_DIR, path), config=config)
+  params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), params)
+  return network.Transformer(config), params
+
+
+def t5x_module(ours: network.Transformer):
+  from t5x.examples.t5 import network as t5x_network  # pylint: disable=g-import-not-at-top
+  """T5X's Transformer with our module's config (same fields, same params tree)."""
+  fields = {f.name: getattr(ours.config, f.name) for f in dataclasses.fields(network.T5Config)}
+  return t5x_network.Transformer(t5x_network.T5Config(**fields))
+
+
+def batches(rows: np.ndarray, size: int):
+  """Yields (chunk [size, L], n real rows): the last chunk padded with its first row."""
+  for start in range(0, len(rows), size):
+    chunk = rows[start:start + size]
+    n = len(chunk)
+    yield np.concatenate([chunk, np.repeat(chunk[:1], size - n, 0)]), n
+
+
+def cut(tokens: np.ndarray, eos_id: int = 1) -> List[int]:
+  """Tokens up to and including the first EOS (all of them without one)."""
+  t = [int(x) for x in tokens]
+  return t[:t.index(eos_id) + 1] if eos_id in t else t
+
+
+def teacher_forced(target, t5x_net, enc: np.ndarray, targets: np.ndarray, batch: int) -> Dict:
+  """Our vs T5X's network logits on the references: max |diff|, argmax agreement."""
+  module, params = target
+  ours = jax.jit(lambda p, e, d, t: module.apply({'params': p}, e, d, t))
+  theirs = jax.jit(lambda p, e, d, t: t5x_net.apply({'params': p}, e, d, t,
+                                                   enable_dropout=False))
+  max_diff, agree, total, equal = 0.0, 0, 0, True
+  for (e, n), (t, _) in zip(batches(enc, batch), batches(targets, batch)):
+    d = np.pad(t[:, :-1], ((0, 0), (1, 0)))
+    a, b = np.asarray(ours(params, e, d, t))[:n], np.asarray(theirs(params, e, d, t))[:n]
+    valid = t[:n] > 0
+    max_diff = max(max_diff, float(np.abs(a - b)[valid].max()))
+    agree += int((a.argmax(-1) == b.argmax(-1))[valid].sum())
+    total += int(valid.sum())
+    equal &= bool(np.array_equal(a[valid], b[valid]))
+  return {'bitwise_equal': equal, 'max_abs_diff': max_diff, 'argmax_agreement': agree / total,
+          'tokens': total}
+
+
+def t5x_greedy(target, t5x_net, enc: np.ndarray, batch: int) -> List[List[int]]:
+  """Stock T5X greedy: EncoderDecoderModel + temperature_sample at temperature 0."""
+  import seqio  # pylint: disable=g-import-not-at-top
+  from t5x import adafactor, decoding, models  # pylint: disable=g-import-not-at-top
+  vocab = seqio.PassThroughVocabulary(target[0].config.vocab_size, eos_id=1)
+  model = models.EncoderDecoderModel(t5x_net, vocab, vocab, adafactor.Adafactor(),
+                                     decode_fn=decoding.temperature_sample)
+  predict = jax.jit(lambda p, b: model.predict_batch_with_aux(
+      p, b, decoder_params={'temperature': 0.0})[0])
+  out = []
+  for e, n in batches(enc, batch):
+    b = {'encoder_input_tokens': jnp.asarray(e),
+         'decoder_input_tokens': jnp.zeros((len(e), MAX_LEN), jnp.int32)}
+    out += [cut(r) for r in np.asarray(predict(target[1], b))[:n]]
+  return out
+
+
+def our_greedy(target, enc: np.ndarray, batch: int, draft=None, gamma: int = 1):
+  """Our greedy decode (speculative with a draft): (rows, target calls)."""
+  out, calls = [], 0
+  for e, n in batches(enc, batch):
+    o = api.generate(target, e, draft=draft, gamma=gamma, max_decode_length=MAX_LEN)
+    out += [cut(r) for r in np.asarray(o.tokens)[:n]]
+    calls += int(np.asarray(o.stats['target_calls'])[:n].sum())
+  return out, calls
+
+
+def same(a: Sequence[List[int]], b: Sequence[List[int]]) -> Dict[str, Any]:
+  diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+  return {'identical_rows': len(a) - len(diff), 'rows': len(a), 'differing_rows': diff}
+
+
+def first_divergence(a: List[int], b: List[int]) -> int:
+  return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def time_ar(dtypes: Sequence[str], enc: np.ndarray, repeats: int) -> Dict[str, float]:
+  """Median seconds of our batch-1 greedy AR decode of one input, per dtype (interleaved)."""
+  fns = {}
+  for dtype in dtypes:
+    target = load(TARGET, dtype)
+    fns[dtype] = (lambda t: lambda: api.generate(t, enc[:1], max_decode_length=MAX_LEN))(target)
+  times = benchmarking.median_times(fns, repeats)
+  return {k: float(np.median(v)) for k, v in times.items()}
+
+
+def diagnose(dtype: str, enc: np.ndarray, refs: np.ndarray, k: int) -> Dict[str, Any]:
+  """Bitwise differences, per module output in call order, between one k-token extend call
+  and k one-token calls on the same cache and reference tokens (positions 0..k-1)."""
+  from flax import traverse_util  # pylint: disable=g-import-not-at-top
+  module, params = load(TARGET, dtype)
+  dec = np.pad(refs[:, :-1], ((0, 0), (1, 0)))
+  encoded = module.apply({'params': params}, enc, method='encode')
+  cache = module.apply({'params': params}, encoded, enc, MAX_LEN + 8, method='init_cache')
+  def step(c, start, num):  # -> (logits, cache, {module path: captured outputs})
+    (logits, c), state = module.apply(
+        {'params': params}, c, jnp.asarray(dec[:, start:start + num]),
+        jnp.full((len(enc),), start, jnp.int32), method='extend',
+        capture_intermediates=lambda *_: True, mutable=['intermediates'])
+    return logits, c, traverse_util.flatten_dict(state['intermediates'])
+  many, _, many_inter = step(cache, 0, k)
+  singles, inters, c = [], [], cache
+  for i in range(k):  # each one-token call sees the cache its predecessors wrote
+    logits, c, inter = step(c, i, 1)
+    singles.append(logits)
+    inters.append(inter)
+  rows = []
+  for path, (value, *_) in many_inter.items():
+    parts = [inter.get(path, (None,))[0] for inter in inters]
+    if (not hasattr(value, 'ndim') or value.ndim < 3 or value.shape[1] != k
+        or any(getattr(x, 'shape', (0, 0))[1:2] != (1,) for x in parts)):
+      continue  # only [batch, tokens, ...] outputs line up token by token
+    joined = np.concatenate([np.asarray(x, np.float32) for x in parts], 1)
+    differing = int((joined != np.asarray(value, np.float32)).sum())
+    rows.append({'module': '/'.join(path), 'differing': differing, 'size': int(value.size)})
+  first = next((r for r in rows if r['differing']), None)
+  logits_equal = bool(np.array_equal(np.concatenate(singles, 1), many))
+  return {'dtype': dtype, 'tokens_per_call': k, 'rows': len(enc), 'logits_equal': logits_equal,
+          'first_differing_module': first, 'modules': rows}
+
+
+def measure(args) -> Dict[str, Any]:
+  examples = evaluation.load_examples('ende', args.num_examples, max_input_len=INPUT_LEN)
+  enc = evaluation.pad_batch([e.inputs for e in examples], INPUT_LEN)
+  refs = evaluation.pad_batch([e.targets[:MAX_LEN] for e in examples], MAX_LEN)
+  gammas = [int(g) for g in args.gammas.split(',')]
+  result: Dict[str, Any] = {}
+  for dtype in DTYPES:
+    target = load(TARGET, dtype, args.float32_attention_logits)
+    draft = load(DRAFT, dtype, args.float32_attention_logits)
+    t5x_net = t5x_module(target[0])
+    cell: Dict[str, Any] = {'teacher_forced_vs_t5x': teacher_forced(target, t5x_net, enc, refs,
+                                                                    args.batch_size)}
+    ar, ar_calls = our_greedy(target, enc, args.batch_size)
+    t5x = t5x_greedy(target, t5x_net, enc, args.batch_size)
+    cell['ar_vs_t5x'] = same(ar, t5x)
+    cell['ar_target_calls'] = ar_calls
+    cell['speculative_vs_ar'] = {}
+    for g in gammas:
+      spec, calls = our_greedy(target, enc, args.batch_size, draft=draft, gamma=g)
+      s = same(spec, ar)
+      s['first_divergence'] = [first_divergence(spec[i], ar[i]) for i in s['differing_rows']]
+      s['target_calls'] = calls
+      cell['speculative_vs_ar'][str(g)] = s
+      print(f'{dtype} gamma {g}: {s["identical_rows"]}/{s["rows"]}', file=sys.stderr)
+    cell['ar_rows'] = ar
+    result[dtype] = cell
+  result['ar_bf16_vs_ar_f32'] = same(result['bfloat16']['ar_rows'], result['float32']['ar_rows'])
+  if args.time:
+    result['ar_seconds_per_input'] = time_ar(DTYPES, enc, args.repeats)
+  return result
+
+
+def render(r: Dict[str, Any]) -> str:
+  lines = ['# bfloat16 vs float32: what holds exactly (demo family, EN-DE test sample)', '',
+           f"Command: `{r['command']}`", '', f"Environment: {r['environment']}", '',
+           f"{r['args']['num_examples']} inputs (padded to {INPUT_LEN}), greedy, at most "
+           f"{MAX_LEN} tokens, batch {r['args']['batch_size']}; target {TARGET}, draft "
+           f"{DRAFT}; params cast to the dtype; float32_attention_logits="
+           f"{r['args']['float32_attention_logits']}.", '',
+           '| | bfloat16 | float32 |', '|---|---|---|']
+  tf = {d: r[d]['teacher_forced_vs_t5x'] for d in DTYPES}
+  lines.append('| teacher-forced logits == T5X network (bitwise) | ' +
+               ' | '.join(f"{tf[d]['bitwise_equal']} (max diff {tf[d]['max_abs_diff']:.3g}, "
+                          f"argmax {100 * tf[d]['argmax_agreement']:.2f}% of {tf[d]['tokens']})"
+                          for d in DTYPES) + ' |')
+  fmt = lambda s: f"{s['identical_rows']}/{s['rows']}"
+  lines.append('| greedy AR rows == stock T5X temperature_sample | ' +
+               ' | '.join(fmt(r[d]['ar_vs_t5x']) for d in DTYPES) + ' |')
+  for g in r['bfloat16']['speculative_vs_ar']:
+    lines.append(f'| greedy speculative (gamma {g}) rows == our greedy AR | ' +
+                 ' | '.join(fmt(r[d]['speculative_vs_ar'][g]) for d in DTYPES) + ' |')
+  lines += ['', f"bfloat16 greedy AR rows == float32 greedy AR rows: "
+                f"{fmt(r['ar_bf16_vs_ar_f32'])}."]
+  for d in DTYPES:
+    for g, s in r[d]['speculative_vs_ar'].items():
+      if s['differing_rows']:
+        lines.append(f"- {d}, gamma {g}: rows {s['differing_rows']} differ from AR first at "
+                     f"output position {s['first_divergence']}.")
+  if 'ar_seconds_per_input' in r:
+    lines += ['', 'Seconds per input, our greedy AR at batch 1 (median of interleaved repeats): ' +
+              ', '.join(f'{d} {t:.4f}' for d, t in r['ar_seconds_per_input'].items()) + '.']
+  return '\n'.join(lines) + '\n'
+
+
+def run_diagnosis(args) -> None:
+  examples = evaluation.load_examples('ende', args.batch_size, max_input_len=INPUT_LEN)
+  enc = evaluation.pad_batch([e.inputs for e in examples], INPUT_LEN)
+  refs = evaluation.pad_batch([e.targets[:MAX_LEN] for e in examples], MAX_LEN)
+  k = max(int(g) for g in args.gammas.split(',')) + 1
+  cells = [diagnose(d, enc, refs, k) for d in DTYPES]
+  result = {'command': 'python scripts/bf16_agreement.py ' + ' '.join(sys.argv[1:]),
+            'environment': benchmarking.environment(), 'args': vars(args), 'cells': cells}
+  benchmarking.write_json(args.out + '_diagnosis.json', result)
+  lines = ['# Where a verify-shaped call first differs from one-token calls (demo target)', '',
+           f"Command: `{result['command']}`", '', f"Environment: {result['environment']}", '',
+           f'{args.batch_size} rows (the first inputs and their references), one {k}-token '
+           f'extend call vs {k} one-token calls on the same cache; per module output in call '
+           'order, elements whose bits differ.', '']
+  for c in cells:
+    f = c['first_differing_module']
+    lines.append(f"- {c['dtype']}: logits equal: {c['logits_equal']}; first differing module "
+                 'output: ' + (f"`{f['module']}` ({f['differing']} of {f['size']} elements)"
+                              if f else 'none') + '.')
+  for c in cells:
+    lines += ['', f"{c['dtype']}:", '', '| module | differing | size |', '|---|---|---|']
+    lines += [f"| {r['module']} | {r['differing']} | {r['size']} |" for r in c['modules']]
+  text = '\n'.join(lines) + '\n'
+  benchmarking.write_text(args.out + '_diagnosis.md', text)
+  print(text)
+
+
+def main(argv=None) -> None:
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument('--num_examples', type=int, default=100)
+  p.add_argument('--batch_size', type=int, default=50)
+  p.add_argument('--gammas', default='3,5,7')
+  p.add_argument('--float32_attention_logits', action='store_true',
+                 help="T5Config's flag, for both networks (T5X's configs leave it off)")
+  p.add_argument('--time', action='store_true', help='also time (idle machine only)')
+  p.add_argument('--diagnose', action='store_true',
+                 help='only locate the first bitwise difference of a verify-shaped call')
+  p.add_argument('--repeats', type=int, default=20)
+  p.add_argument('--out', default=os.path.join(evaluation.REPO_ROOT, 'results', 'bf16_agreement'))
+  args = p.parse_args(argv)
+  if args.diagnose:
+    run_diagnosis(args)
+    return
+  result = measure(args)
+  result = {'command': 'python scripts/bf16_agreement.py ' + ' '.join(sys.argv[1:]),
+            'environment': benchmarking.environment(), 'args': vars(args), **result}
+  benchmarking.write_json(args.out + '.json', result)
+  text = render(result)
+  benchmarking.write_text(args.out + '.md', text)
+  print(text)
+
+
+if __name__ == '__main__':
+  main()
