@@ -22,13 +22,19 @@ VERSIONS = {
 FEATURES = ('encoder_input_tokens', 'decoder_input_tokens', 'decoder_target_tokens',
             'encoder_segment_ids', 'decoder_segment_ids', 'encoder_positions',
             'decoder_positions')
+
+
 def _modules(version, **overrides):
   kw = dict(BASE, **VERSIONS[version], **overrides)
   return (network.Transformer(network.T5Config(**kw)),
           t5x_network.Transformer(t5x_network.T5Config(**kw)))
+
+
 def _t5x_model(module):
   vocab = seqio.PassThroughVocabulary(VOCAB)
   return models.EncoderDecoderModel(module, vocab, vocab, adafactor.Adafactor())
+
+
 def _packed_batch():
   """Two rows: row 0 packs examples A (enc 4, dec 3) and B (enc 3, dec 4); row 1 is one
   example; both padded. Returns (T5X batch [batch, length] arrays, example B alone)."""
@@ -57,6 +63,8 @@ def _packed_batch():
   alone = (jnp.asarray(enc_b[None]), jnp.asarray(shift(tgt_b, np.ones(4, np.int32))[None]),
            jnp.asarray(tgt_b[None]))
   return batch, alone
+
+
 @pytest.mark.parametrize('version', sorted(VERSIONS))
 def test_t5x_get_initial_variables_matches_t5x_network(version):
   ours, theirs = _modules(version)
@@ -78,6 +86,8 @@ def test_t5x_get_initial_variables_matches_t5x_network(version):
   assert specs[('token_embedder', 'embedding')] == partitioning.PartitionSpec('model', None)
   assert specs[('encoder', 'layers_0', 'mlp', 'wo', 'kernel')] == partitioning.PartitionSpec(
       'model', None)
+
+
 @pytest.mark.parametrize('version', sorted(VERSIONS))
 def test_teacher_forced_logits_equal_t5x_network_with_packing(version):
   ours, theirs = _modules(version)
@@ -99,6 +109,8 @@ def test_teacher_forced_logits_equal_t5x_network_with_packing(version):
   loss_ours = _t5x_model(ours).loss_fn(params, batch, dropout_rng=None)[0]
   loss_theirs = _t5x_model(theirs).loss_fn(params, batch, dropout_rng=None)[0]
   np.testing.assert_allclose(loss_ours, loss_theirs, rtol=1e-6)
+
+
 @pytest.mark.parametrize('float32_attention_logits', [False, True])
 @pytest.mark.parametrize('version', sorted(VERSIONS))
 def test_bfloat16_teacher_forced_logits_equal_t5x_bitwise(version, float32_attention_logits):
@@ -122,6 +134,8 @@ def test_bfloat16_teacher_forced_logits_equal_t5x_bitwise(version, float32_atten
   got_f32 = f32.apply({'params': params}, *args, enable_dropout=False)
   assert not np.array_equal(got, got_f32)
   np.testing.assert_allclose(got, got_f32, atol=0.1)
+
+
 @pytest.mark.parametrize('tokens_per_call', [1, 3])
 @pytest.mark.parametrize('version', sorted(VERSIONS))
 def test_bfloat16_cached_decode_equals_t5x_teacher_forced(version, tokens_per_call):
@@ -146,6 +160,8 @@ def test_bfloat16_cached_decode_equals_t5x_teacher_forced(version, tokens_per_ca
                                positions, method='extend')
     got.append(logits)
   np.testing.assert_array_equal(jnp.concatenate(got, axis=1), want)
+
+
 def test_t5x_decode_mode_raises_clear_error():
   ours, _ = _modules('v1.1')
   d = jnp.ones((1, 4), jnp.int32)
@@ -159,6 +175,8 @@ def test_t5x_decode_mode_raises_clear_error():
   with pytest.raises(NotImplementedError, match='prefill=True'):
     ours.apply({'params': params}, encoded, d, d, d, decode=True, prefill=True,
                prefill_lengths=jnp.ones((1,), jnp.int32), method='decode')
+
+
 def test_encoder_segment_ids_need_decoder_segment_ids():
   ours, _ = _modules('v1.1')
   d = jnp.ones((1, 4), jnp.int32)
