@@ -63,19 +63,10 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from specdec_t5x import (benchmarking, evaluation, generate, network, sampling,  # noqa: E402
-                         t5x_reference, theory)
+from specdec_t5x import (benchmarking, evaluation, generate, network, paper,  # noqa: E402
+                         sampling, t5x_reference, theory)
 
 PARTS = ('costs', 'table2', 'efficiency', 'demo')
-# shared/PAPER.md Table 2: T5 v1.1 XXL target, batch 1, one TPU-v4.
-# (task, draft size, temperature, gamma, alpha, measured walltime speedup)
-PAPER_TABLE_2 = (
-    ('EnDe', 'small', 0, 7, 0.75, 3.4), ('EnDe', 'base', 0, 7, 0.80, 2.8),
-    ('EnDe', 'large', 0, 7, 0.82, 1.7), ('EnDe', 'small', 1, 7, 0.62, 2.6),
-    ('EnDe', 'base', 1, 5, 0.68, 2.4), ('EnDe', 'large', 1, 3, 0.71, 1.4),
-    ('CNNDM', 'small', 0, 5, 0.65, 3.1), ('CNNDM', 'base', 0, 5, 0.73, 3.0),
-    ('CNNDM', 'large', 0, 3, 0.74, 2.2), ('CNNDM', 'small', 1, 5, 0.53, 2.3),
-    ('CNNDM', 'base', 1, 3, 0.55, 2.2), ('CNNDM', 'large', 1, 3, 0.56, 1.7))
 # --tiny: every size name at a CPU-sized shape (emb, heads, layers, mlp), same code path.
 TINY_SIZES = {'small': (16, 2, 1, 32), 'base': (24, 2, 1, 48), 'large': (32, 2, 1, 64),
               'xl': (40, 2, 1, 80), 'xxl': (48, 2, 2, 96)}
@@ -170,7 +161,7 @@ def verify_ks(args) -> List[int]:
 
 
 def part_costs(args, models, enc) -> Dict[str, Any]:
-  cache_len = args.max_len + max(_ints(args.gammas) + [row[3] for row in PAPER_TABLE_2]) + 1
+  cache_len = args.max_len + max(_ints(args.gammas) + [row.gamma for row in paper.TABLE_2]) + 1
   ks = {size: verify_ks(args) if size == args.target else _ints(args.ks) for size in models}
   specs = {f'{size}/{k}': (module, params, k) for size, (_, module, params) in models.items()
            for k in ks[size]}
@@ -213,9 +204,10 @@ def part_table2(costs: Dict[str, Any]) -> List[Dict[str, Any]]:
   ks = sorted(t)
   verify = lambda g: float(np.interp(g + 1, ks, [t[k] for k in ks]))
   rows = []
-  for task, draft, temp, gamma, alpha, paper in PAPER_TABLE_2:
-    row = {'task': task, 'draft': draft, 'temperature': temp, 'gamma': gamma,
-           'alpha_paper': alpha, 'speedup_paper': paper}
+  for paper_row in paper.TABLE_2:
+    draft, gamma, alpha = paper_row.draft, paper_row.gamma, paper_row.alpha
+    row = {'task': paper_row.task, 'draft': draft, 'temperature': paper_row.temperature,
+           'gamma': gamma, 'alpha_paper': alpha, 'speedup_paper': paper_row.speedup}
     if draft not in costs['sizes']:
       rows.append(dict(row, note=f'not measured (--sizes lacks {draft})'))
       continue

@@ -9,31 +9,18 @@ import gin
 import pytest
 
 from specdec_t5x import infer
+from specdec_t5x import network
+from specdec_t5x import paper
 from specdec_t5x import tasks
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / 'configs'
 CKPT = 'gs://t5-data/pretrained_models/t5x/t5_1_1_{}/checkpoint_1000000'
 
-# Leviathan et al. (2023), Table 2: (task, draft, temperature, gamma, alpha, speedup).
-TABLE_2 = {
-    'spec_t5_small_xxl.gin': ('EnDe', 'small', 0, 7),  # 0.75, 3.4x
-    'spec_ende_base_xxl_t0.gin': ('EnDe', 'base', 0, 7),  # 0.80, 2.8x
-    'spec_ende_large_xxl_t0.gin': ('EnDe', 'large', 0, 7),  # 0.82, 1.7x
-    'spec_ende_small_xxl_t1.gin': ('EnDe', 'small', 1, 7),  # 0.62, 2.6x
-    'spec_ende_base_xxl_t1.gin': ('EnDe', 'base', 1, 5),  # 0.68, 2.4x
-    'spec_ende_large_xxl_t1.gin': ('EnDe', 'large', 1, 3),  # 0.71, 1.4x
-    'spec_cnndm_small_xxl_t0.gin': ('CNNDM', 'small', 0, 5),  # 0.65, 3.1x
-    'spec_cnndm_base_xxl_t0.gin': ('CNNDM', 'base', 0, 5),  # 0.73, 3.0x
-    'spec_cnndm_large_xxl_t0.gin': ('CNNDM', 'large', 0, 3),  # 0.74, 2.2x
-    'spec_cnndm_small_xxl_t1.gin': ('CNNDM', 'small', 1, 5),  # 0.53, 2.3x
-    'spec_cnndm_base_xxl_t1.gin': ('CNNDM', 'base', 1, 3),  # 0.55, 2.2x
-    'spec_cnndm_large_xxl_t1.gin': ('CNNDM', 'large', 1, 3),  # 0.56, 1.7x
-}
+# Leviathan et al. (2023), Table 2 (specdec_t5x.paper): file -> (task, draft, temperature, gamma).
+TABLE_2 = {r.config: (r.task, r.draft, r.temperature, r.gamma) for r in paper.TABLE_2}
 TASKS = {'EnDe': tasks.WMT_ENDE, 'CNNDM': tasks.CNN_DAILYMAIL}
 # (emb_dim, num_heads, layers, mlp_dim, head_dim, activations, tied logits), DESIGN.md / T5.
-T5_1_1 = {'small': (512, 6, 8, 1024), 'base': (768, 12, 12, 2048),
-          'large': (1024, 16, 24, 2816), 'xl': (2048, 32, 24, 5120),
-          'xxl': (4096, 64, 24, 10240)}
+T5_1_1 = network.T5_1_1_SIZES  # checked against T5X's own size files in test_finetune_configs
 T5_1_0 = {'small': (512, 8, 6, 2048, 64), 'base': (768, 12, 12, 3072, 64),
           'large': (1024, 16, 24, 4096, 64), '3B': (1024, 32, 24, 16384, 128),
           '11B': (1024, 128, 24, 65536, 128)}

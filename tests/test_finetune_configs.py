@@ -33,6 +33,7 @@ from conftest import train_tiny_spm
 import seqio
 
 from specdec_t5x import checkpoints
+from specdec_t5x import network
 from specdec_t5x import tasks
 
 t5x = pytest.importorskip('t5x', reason='T5X (github.com/google-research/t5x, not on PyPI) '
@@ -51,9 +52,9 @@ FINETUNE = REPO / 'configs' / 'finetune'
 T5X_GIN_ROOT = os.path.dirname(os.path.dirname(t5x.__file__))  # as t5x.train's default
 PRETRAINED = 'gs://t5-data/pretrained_models/t5x/t5_1_1_{}/checkpoint_1000000'
 TASKS = {'ende': tasks.WMT_ENDE, 'cnndm': tasks.CNN_DAILYMAIL}
-# T5 v1.1 (emb_dim, num_heads, layers, mlp_dim), as tests/test_configs.py and configs/models.
-SIZES = {'small': (512, 6, 8, 1024), 'base': (768, 12, 12, 2048),
-         'large': (1024, 16, 24, 2816), 'xxl': (4096, 64, 24, 10240)}
+# The sizes fine-tuned, (emb_dim, num_heads, layers, mlp_dim) from the project's one table
+# (network.T5_1_1_SIZES), which the parse test below checks against T5X's own size files.
+SIZES = {size: network.T5_1_1_SIZES[size] for size in ('small', 'base', 'large', 'xxl')}
 
 # The tiny model: 8 heads so that 8-way model parallelism divides every sharded dimension.
 TINY = dict(vocab_size=160, emb_dim=16, num_heads=8, head_dim=2, num_encoder_layers=1,

@@ -29,7 +29,7 @@ from t5x import train_state as t5x_train_state
 from t5x.examples.t5 import network as t5x_network
 import seqio
 
-from specdec_t5x import network, t5x_reference, tasks
+from specdec_t5x import network, paper, t5x_reference, tasks
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TASK = 'demo_ende'
@@ -217,7 +217,6 @@ _BUILD_ALL = textwrap.dedent('''
 
 
 def test_every_paper_row_parses_and_builds_under_t5x_infer():
-  import test_configs  # pylint: disable=g-import-not-at-top
   files = sorted(str(p.relative_to(REPO)) for p in (REPO / 'configs').glob('spec_*.gin')
                  if p.name != 'spec_tiny_test.gin')
   assert len(files) == 12
@@ -227,11 +226,13 @@ def test_every_paper_row_parses_and_builds_under_t5x_infer():
   lines = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')]
   assert proc.returncode == 0 and lines, proc.stderr[-5000:]
   built = json.loads(lines[-1][len('RESULT '):])
+  rows = {row.config: row for row in paper.TABLE_2}
+  assert sorted(rows) == sorted(pathlib.Path(p).name for p in built)
   for path, got in built.items():
-    task, draft, temperature, gamma = test_configs.TABLE_2[pathlib.Path(path).name]
+    row = rows[pathlib.Path(path).name]
     assert got['t5x_model'] and got['t5x_partitioner']
     assert abs(got['params'] - 11.1e9) / 11.1e9 < 0.05  # T5 v1.1 XXL, built by T5X
     assert got['query_axes'] == str(jax.sharding.PartitionSpec(None, 'model'))
-    assert (got['gamma'], got['temperature']) == (gamma, temperature)
-    assert got['draft_emb'] == test_configs.T5_1_1[draft][0]
-    assert got['task'] == test_configs.TASKS[task]
+    assert (got['gamma'], got['temperature']) == (row.gamma, row.temperature)
+    assert got['draft_emb'] == network.T5_1_1_SIZES[row.draft][0]
+    assert got['task'] == {'EnDe': tasks.WMT_ENDE, 'CNNDM': tasks.CNN_DAILYMAIL}[row.task]
