@@ -45,14 +45,7 @@ _COUNTERS = models.PER_EXAMPLE_STATS
 _PER_BATCH = 'warm_batch_seconds'  # [[batch index, seconds], ...] of batches not compiling
 
 
-def write_atomic(path: str, text: str) -> None:
-  """Writes `text` to `path` through a temporary file and a rename."""
-  tmp = f'{path}.tmp-{os.getpid()}'
-  with open(tmp, 'w', encoding='utf-8') as f:
-    f.write(text)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+write_atomic = run_dir.write_atomic  # (module-level, so tests can interrupt it)
 
 
 class ChunkStore:

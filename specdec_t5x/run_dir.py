@@ -17,7 +17,19 @@ import json
 import os
 import shutil
 import socket
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+
+
+def write_atomic(path: str, data: Union[str, bytes]) -> None:
+  """Writes `data` (text as UTF-8, or bytes) to `path` through `path.tmp-<pid>`, flushed
+  to disk and renamed into place: a reader sees the old file or the new one, never half.
+  (Training removes leftover `*.tmp-*` files of a killed write on its next start.)"""
+  tmp = f'{path}.tmp-{os.getpid()}'
+  with open(tmp, 'wb') as f:
+    f.write(data.encode('utf-8') if isinstance(data, str) else data)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
 
 
 class DirLock:

@@ -33,7 +33,7 @@ import optax
 import tqdm
 from flax import serialization
 
-from specdec_t5x import api, vocab_check
+from specdec_t5x import api, run_dir, vocab_check
 from specdec_t5x.checkpoints import load_params, save_params
 from specdec_t5x.network import T5Config, Transformer
 
@@ -292,19 +292,12 @@ def latest_step(workdir: str) -> Optional[int]:
   return max(steps, default=None)
 
 
-def _write_atomic(path: str, data: bytes) -> None:
-  tmp = f'{path}.tmp-{os.getpid()}'
-  with open(tmp, 'wb') as f:
-    f.write(data)
-  os.replace(tmp, path)
-
-
 def save_checkpoint(workdir: str, step: int, params: Params, opt_state: Any,
                     extra: Mapping[str, Any], keep: int = 2) -> None:
   """Params as T5X `checkpoint_<step>`, the rest in `train_state_<step>.msgpack`."""
   save_params(jax.device_get(params), f'{workdir}/checkpoint_{step}', step=step, overwrite=True)
   state = {'opt_state': jax.device_get(opt_state), **{k: np.asarray(v) for k, v in extra.items()}}
-  _write_atomic(f'{workdir}/train_state_{step}.msgpack', serialization.to_bytes(state))
+  run_dir.write_atomic(f'{workdir}/train_state_{step}.msgpack', serialization.to_bytes(state))
   steps = sorted(int(m.group(1)) for f in os.listdir(workdir) if (m := _STATE_FILE.match(f)))
   for old in steps[:-keep]:
     os.remove(f'{workdir}/train_state_{old}.msgpack')
@@ -326,7 +319,7 @@ def export_params(params: Params, out_dir: str, model_cfg: T5Config, step: int,
   (and `out_dir/vocabulary.json` recording `vocab_path`, see vocab_check)."""
   path = save_params(jax.device_get(params), f'{out_dir}/checkpoint_{step}', step=step,
                      dtype=jnp.bfloat16, overwrite=True)
-  _write_atomic(f'{out_dir}/config.json', json.dumps(config_to_dict(model_cfg)).encode())
+  run_dir.write_atomic(f'{out_dir}/config.json', json.dumps(config_to_dict(model_cfg)))
   if vocab_path:
     vocab_check.record_vocabulary(out_dir, vocab_path)
   return path
@@ -386,7 +379,7 @@ def _truncate_log(workdir: str, step: int) -> None:
         continue
       if record.get('step', 0) <= step:
         kept.append(json.dumps(record) + '\n')
-  _write_atomic(path, ''.join(kept).encode())
+  run_dir.write_atomic(path, ''.join(kept))
 
 
 def _start(workdir: str, model_cfg: T5Config, cfg: TrainConfig, tx, num_tasks: int,
@@ -414,7 +407,7 @@ def _start(workdir: str, model_cfg: T5Config, cfg: TrainConfig, tx, num_tasks: i
   os.makedirs(workdir, exist_ok=True)
   _clean_orphans(workdir)
   _truncate_log(workdir, resuming or 0)
-  _write_atomic(path, json.dumps({'model': model, 'train': dataclasses.asdict(cfg)}).encode())
+  run_dir.write_atomic(path, json.dumps({'model': model, 'train': dataclasses.asdict(cfg)}))
   dummy = jnp.ones((1, 4), jnp.int32)  # [batch, length]
   params = flax.core.unfreeze(Transformer(model_cfg).init(
       jax.random.PRNGKey(cfg.seed), dummy, dummy)['params'])

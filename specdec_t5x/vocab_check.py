@@ -22,6 +22,8 @@ import json
 import os
 from typing import Any, Dict, Mapping, Optional
 
+from specdec_t5x import run_dir
+
 RECORD = 'vocabulary.json'
 
 
@@ -42,10 +44,7 @@ def record_vocabulary(model_dir: str, spm_path: str, extra_ids: int = 0) -> str:
   record = {'sentencepiece_model': os.path.basename(spm_path),
             'sha256': file_sha256(spm_path), 'extra_ids': int(extra_ids)}
   path = os.path.join(model_dir, RECORD)
-  tmp = f'{path}.tmp-{os.getpid()}'
-  with open(tmp, 'w', encoding='utf-8') as f:
-    json.dump(record, f, indent=1)
-  os.replace(tmp, path)
+  run_dir.write_atomic(path, json.dumps(record, indent=1))
   return path
 
 
