@@ -23,8 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_batch import REPO, load_demo, load_task  # noqa: E402
 from bench_copy_draft import run_rows  # noqa: E402
 
-from specdec_t5x import benchmarking  # noqa: E402
-from specdec_t5x.decoding import GammaPolicy  # noqa: E402
+from specdec_t5x.research import benchmarking  # noqa: E402
+from specdec_t5x.algorithm.decoding import GammaPolicy  # noqa: E402
 
 
 def main(argv=None):

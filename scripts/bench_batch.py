@@ -24,7 +24,8 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from specdec_t5x import benchmarking, evaluation  # noqa: E402
+from specdec_t5x.algorithm import timing  # noqa: E402
+from specdec_t5x.research import benchmarking, evaluation  # noqa: E402
 
 DEMO = os.path.join(REPO, 'checkpoints', 'demo')
 
@@ -53,11 +54,11 @@ def decode_text(sp, tokens) -> List[str]:
 
 def timed(fn, repeats: int):
   """Compiles (first call), then -> (median seconds, last output)."""
-  benchmarking.block(fn())  # compile
+  timing.block(fn())  # compile
   times = []
   for _ in range(repeats):
-    times.append(benchmarking.wall(fn))
-  return statistics.median(times), benchmarking.block(fn())
+    times.append(timing.wall(fn))
+  return statistics.median(times), timing.block(fn())
 
 
 summarize_stats = evaluation.summarize_stats  # the other result scripts import it here

@@ -22,8 +22,10 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_batch import DEMO, REPO, load_demo, load_task  # noqa: E402
 
-from specdec_t5x import batching, benchmarking, generate  # noqa: E402
-from specdec_t5x.drafts import CopyDraft, load_ngram  # noqa: E402
+from specdec_t5x import generate  # noqa: E402
+from specdec_t5x.algorithm import batching, timing  # noqa: E402
+from specdec_t5x.research import benchmarking  # noqa: E402
+from specdec_t5x.algorithm.drafts import CopyDraft, load_ngram  # noqa: E402
 
 
 def run_rows(target, enc, max_len, repeats, **kw):
@@ -31,13 +33,13 @@ def run_rows(target, enc, max_len, repeats, **kw):
   tokens, summed stats)."""
   rows = [batching.trim_batch(enc[r:r + 1]) for r in range(len(enc))]
   for shape in sorted({row.shape for row in rows}):  # compile each bucket before timing
-    benchmarking.block(generate(target, next(r for r in rows if r.shape == shape),
+    timing.block(generate(target, next(r for r in rows if r.shape == shape),
                                 max_decode_length=max_len, **kw))
   best, toks, stats = None, [], {}
   for _ in range(repeats):
     start, toks, stats = time.perf_counter(), [], {}
     for row in rows:
-      out = benchmarking.block(generate(target, row, max_decode_length=max_len, **kw))
+      out = timing.block(generate(target, row, max_decode_length=max_len, **kw))
       toks.append(np.asarray(out.tokens[0]))
       for k in ('generated_tokens', 'target_calls', 'drafted_tokens', 'accepted_tokens'):
         stats[k] = stats.get(k, 0) + int(np.asarray(out.stats[k]).sum())

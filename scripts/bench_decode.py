@@ -30,14 +30,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import benchmarking, evaluation, generate, reference, t5x_reference
-from specdec_t5x.network import Transformer, t5_1_1_config
+from specdec_t5x import generate
+from specdec_t5x.algorithm import timing
+from specdec_t5x.research import benchmarking, evaluation, reference, t5x_reference
+from specdec_t5x.algorithm.network import Transformer, t5_1_1_config
 
 
 def build(size: str, seed: int, vocab: int, dtype: str):
   cfg = t5_1_1_config(size, vocab_size=vocab, dtype=jnp.dtype(dtype))
   module = Transformer(cfg)
-  return cfg, module, benchmarking.random_params(module, seed, jnp.dtype(dtype))
+  return cfg, module, timing.random_params(module, seed, jnp.dtype(dtype))
 
 
 def main(argv=None):
@@ -81,12 +83,12 @@ def main(argv=None):
   for g in gammas:
     fns[f'spec_self_g{g}'] = gen(draft=target, gamma=g)
     fns[f'spec_draft_g{g}'] = gen(draft=draft, gamma=g)
-  times = benchmarking.median_times(fns, args.repeats)
+  times = timing.median_times(fns, args.repeats)
   med = {k: statistics.median(v) for k, v in times.items()}
   # AR vs the baselines: a longer run, interleaved, ratio per pair (robust to drift in
   # machine speed), then the median.
-  pairs = benchmarking.median_times({k: fns[k] for k in ['ar'] + baselines}, args.ar_repeats)
-  ratios = benchmarking.speed_ratios(pairs, 'ar')
+  pairs = timing.median_times({k: fns[k] for k in ['ar'] + baselines}, args.ar_repeats)
+  ratios = timing.speed_ratios(pairs, 'ar')
   pair_ratios = {k: [b / a for a, b in zip(pairs['ar'], pairs[k])] for k in baselines}
   tokens = args.batch * args.max_len
   same_tokens = {k: bool(np.array_equal(np.asarray(gen()().tokens), np.asarray(fns[k]())))

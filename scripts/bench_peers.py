@@ -24,8 +24,9 @@ import numpy as np
 import torch
 import transformers
 
-from specdec_t5x import benchmarking, evaluation, sampling
-from specdec_t5x.checkpoints import hf_model_from_params
+from specdec_t5x.algorithm import sampling, timing
+from specdec_t5x.research import benchmarking, evaluation
+from specdec_t5x.integration.checkpoints import hf_model_from_params
 
 
 def to_hf(config, params) -> transformers.T5ForConditionalGeneration:
@@ -125,7 +126,7 @@ def main(argv=None):
                                              sample),
   }
   # Each HF runner hooks hf_t; only the running one counts (its _counting flag).
-  times = benchmarking.median_times(fns, args.repeats)
+  times = timing.median_times(fns, args.repeats)
   med = {k: statistics.median(v) for k, v in times.items()}
   systems = {}
   for name, fn in fns.items():

@@ -42,7 +42,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import api, benchmarking, checkpoints, evaluation, network
+from specdec_t5x.algorithm import api, network, timing
+from specdec_t5x.integration import checkpoints
+from specdec_t5x.research import benchmarking, evaluation
 
 TARGET = 'demo_target/checkpoint_2239'
 DRAFT = 'demo_draft_m/checkpoint_5682'
@@ -143,7 +145,7 @@ def time_ar(dtypes: Sequence[str], enc: np.ndarray, repeats: int) -> Dict[str, f
   for dtype in dtypes:
     target = load(TARGET, dtype)
     fns[dtype] = (lambda t: lambda: api.generate(t, enc[:1], max_decode_length=MAX_LEN))(target)
-  times = benchmarking.median_times(fns, repeats)
+  times = timing.median_times(fns, repeats)
   return {k: float(np.median(v)) for k, v in times.items()}
 
 

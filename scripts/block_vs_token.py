@@ -18,14 +18,15 @@ import sys
 import jax
 import numpy as np
 
-from specdec_t5x import api, batching, benchmarking, evaluation
+from specdec_t5x.algorithm import api, batching, timing
+from specdec_t5x.research import benchmarking, evaluation
 
 
 def run_all(target, draft, enc, gamma, verifier, max_len):
   outs = [api.generate(target, batching.trim_batch(enc[i:i + 1]), draft=draft, gamma=gamma,
                        temperature=1.0, max_decode_length=max_len, rng=jax.random.PRNGKey(i),
                        verifier=verifier) for i in range(len(enc))]
-  return benchmarking.block(outs)
+  return timing.block(outs)
 
 
 def tokens_per_call(target, draft, enc, gamma, verifier, max_len, seeds):
@@ -59,7 +60,7 @@ def main(argv=None):
     for g in (int(x) for x in args.gammas.split(',')):
       fns = {v: (lambda v=v: run_all(target, draft, enc, g, v, args.max_len))
              for v in ('token', 'block')}
-      times = benchmarking.median_times(fns, args.repeats)
+      times = timing.median_times(fns, args.repeats)
       row = {'task': task, 'gamma': g}
       for v in fns:
         outs = fns[v]()

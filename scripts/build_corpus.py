@@ -19,7 +19,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from specdec_t5x import corpus_build  # pylint: disable=g-import-not-at-top
+from specdec_t5x.research import corpus_build  # pylint: disable=g-import-not-at-top
 
 
 def main() -> None:

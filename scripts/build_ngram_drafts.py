@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 
-from specdec_t5x import drafts
+from specdec_t5x.algorithm import drafts
 
 
 def main(argv=None):

@@ -15,7 +15,7 @@ a run cut short keeps what it measured. Parts (--parts):
 1. costs: T5 v1.1 small, base, large, XL and XXL (--dtype bfloat16, random weights drawn
    on the device: costs do not depend on values), batch 1, --enc_len inputs: the prefill
    (encoder + cache) and one cached decoder call over k = 1, 2, 4, 8 positions (the target
-   also at every gamma + 1 used below), benchmarking.call_costs (interleaved medians);
+   also at every gamma + 1 used below), timing.call_costs (interleaved medians);
    c = t_draft(1) / t_target(1) for each paper pair and t_verify(gamma + 1) / t_target(1).
 2. table2: the paper's 12 Table 2 rows predicted from the paper's alpha and these costs,
    theory.walltime_improvement_measured, beside the paper's measured speedups; also the
@@ -63,8 +63,9 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from specdec_t5x import (benchmarking, evaluation, generate, network, paper,  # noqa: E402
-                         sampling, t5x_reference, theory)
+from specdec_t5x import generate  # noqa: E402
+from specdec_t5x.algorithm import network, sampling, theory, timing  # noqa: E402
+from specdec_t5x.research import benchmarking, evaluation, paper, t5x_reference  # noqa: E402
 
 PARTS = ('costs', 'table2', 'efficiency', 'demo')
 # --tiny: every size name at a CPU-sized shape (emb, heads, layers, mlp), same code path.
@@ -143,7 +144,7 @@ def build_models(args) -> Dict[str, Any]:
                 num_decoder_layers=layers, mlp_dim=mlp, head_dim=8)
     cfg = network.t5_1_1_config(size, **kw)
     module = network.Transformer(cfg)
-    models[size] = (cfg, module, benchmarking.block(benchmarking.random_params(module, i, dtype)))
+    models[size] = (cfg, module, timing.block(timing.random_params(module, i, dtype)))
   return models
 
 
@@ -165,13 +166,13 @@ def part_costs(args, models, enc) -> Dict[str, Any]:
   ks = {size: verify_ks(args) if size == args.target else _ints(args.ks) for size in models}
   specs = {f'{size}/{k}': (module, params, k) for size, (_, module, params) in models.items()
            for k in ks[size]}
-  calls = benchmarking.call_costs(specs, enc, args.cost_calls, args.cost_repeats, cache_len)
+  calls = timing.call_costs(specs, enc, args.cost_calls, args.cost_repeats, cache_len)
   sizes = {}
   for size, (cfg, module, params) in models.items():
     t = {k: calls[f'{size}/{k}'] for k in ks[size]}
     sizes[size] = {
         'config': str(cfg), 'num_params': num_params(params),
-        'prefill_s': benchmarking.prefill_cost(module, params, enc, cache_len,
+        'prefill_s': timing.prefill_cost(module, params, enc, cache_len,
                                                args.cost_repeats),
         'call_s': t, 'call_ratio_to_k1': {k: v / t[1] for k, v in t.items()}}
   target = sizes[args.target]['call_s']
@@ -246,14 +247,14 @@ def part_efficiency(args, models, costs) -> Dict[str, Any]:
   if t5x_reference.available():
     stock = t5x_reference.greedy_decoder(cfg, args.max_len, eos_id=-1)
     fns['t5x'] = lambda: stock(params, enc[:1])
-  times = benchmarking.median_times(fns, args.repeats)
+  times = timing.median_times(fns, args.repeats)
   res['ar_vs_t5x'] = {
       't5x_importable': t5x_reference.available(), 'raw_times_s': times,
       'ar_tokens_per_s': args.max_len / float(np.median(times['ar']))}
   if 't5x' in fns:
     res['ar_vs_t5x'].update(
         t5x_tokens_per_s=args.max_len / float(np.median(times['t5x'])),
-        ours_speed_ratio=benchmarking.speed_ratios(times, 'ar')['t5x'],
+        ours_speed_ratio=timing.speed_ratios(times, 'ar')['t5x'],
         same_tokens=bool(np.array_equal(np.asarray(ours()), np.asarray(fns['t5x']()))))
   return res
 
@@ -302,7 +303,7 @@ def render(result) -> str:
     lines += [f"## 1. Call costs (T5 v1.1 shapes, random {costs['dtype']} weights, batch 1, "
               f"{costs['enc_len']} input tokens, cache {costs['cache_len']})", '',
               'Prefill = encoder + cache, once per sequence; t(k) = one cached decoder call '
-              'over k positions (interleaved medians, benchmarking.call_costs).', '',
+              'over k positions (interleaved medians, timing.call_costs).', '',
               '| size | params | prefill ms | t(1) ms | ' + ' | '.join(
                   f't({k})/t(1)' for k in ks if k > 1) + ' |',
               '|---|---:|---:|---:|' + '---:|' * (len(ks) - 1)]

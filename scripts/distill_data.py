@@ -21,7 +21,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'
 
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from specdec_t5x import network, training  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec_t5x.algorithm import network  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec_t5x.research import training  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def main(argv=None) -> list:

@@ -16,7 +16,9 @@ import numpy as np
 import sentencepiece as spm
 from tqdm import tqdm
 
-from specdec_t5x import benchmarking, evaluation, metrics, sampling
+from specdec_t5x.algorithm import sampling
+from specdec_t5x.integration import metrics
+from specdec_t5x.research import benchmarking, evaluation
 
 MODELS = ('demo_target', 'demo_draft_m', 'demo_draft_s')
 

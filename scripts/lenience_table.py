@@ -21,7 +21,10 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_batch import REPO, decode_text, load_demo, load_task, summarize_stats, timed  # noqa: E402
 
-from specdec_t5x import batching, benchmarking, generate, metrics  # noqa: E402
+from specdec_t5x import generate  # noqa: E402
+from specdec_t5x.algorithm import batching  # noqa: E402
+from specdec_t5x.integration import metrics  # noqa: E402
+from specdec_t5x.research import benchmarking  # noqa: E402
 
 
 def quality(task, refs, preds):

@@ -21,7 +21,8 @@ import sys
 import numpy as np
 from tqdm import tqdm
 
-from specdec_t5x import benchmarking, evaluation, sampling
+from specdec_t5x.algorithm import sampling
+from specdec_t5x.research import benchmarking, evaluation
 
 
 def measure(args) -> dict:

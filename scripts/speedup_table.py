@@ -9,9 +9,9 @@
       --gin.DRAFT_CHECKPOINT="'/ckpt/small/checkpoint_1000000'" --gammas 3,5,7
 
 For each (task, draft, temperature) it times, in one process after compilation and
-interleaved (benchmarking.median_times), autoregressive decoding and speculative decoding
+interleaved (timing.median_times), autoregressive decoding and speculative decoding
 at each gamma over --num_examples inputs, one at a time; measures the call costs t_target,
-t_draft (c = t_draft / t_target) and t_verify(gamma+1) with benchmarking.call_cost; and
+t_draft (c = t_draft / t_target) and t_verify(gamma+1) with timing.call_cost; and
 reports alpha, the measured speedup, theory's prediction (i.i.d. alpha fitted to tokens
 per call), the ideal speedup tokens_per_call * t_target / (gamma t_draft + t_verify),
 efficiency = measured / ideal, and the gamma theory.best_gamma_measured picks.
@@ -27,7 +27,8 @@ import sys
 
 from tqdm import tqdm
 
-from specdec_t5x import benchmarking, evaluation, infer
+from specdec_t5x.integration import infer
+from specdec_t5x.research import benchmarking, evaluation
 
 
 def run_demo(args, gammas):
@@ -159,7 +160,7 @@ def main(argv=None):
   ap.add_argument('--alpha_json', default='results/alpha_demo.json',
                   help='measure_alpha output; its alpha drives theory (else: fit)')
   ap.add_argument('--out', default='results/speedup_demo')
-  args = ap.parse_args(infer._rewrite_gin_args(argv))  # pylint: disable=protected-access
+  args = ap.parse_args(infer.rewrite_gin_args(argv))
   gammas = [int(g) for g in args.gammas.split(',')] if args.gammas else None
   if args.gin_file:
     groups = run_gin(args, gammas)

@@ -28,7 +28,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
-from specdec_t5x import training  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec_t5x.research import training  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def _value(text: str):

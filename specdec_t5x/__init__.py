@@ -1,5 +1,5 @@
 """specdec_t5x: exact speculative decoding (Leviathan et al., ICML 2023) for T5 in JAX."""
 
-from specdec_t5x.api import GenerateOutput, generate
+from specdec_t5x.algorithm.api import GenerateOutput, generate
 
 __all__ = ['generate', 'GenerateOutput']

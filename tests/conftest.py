@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_t5x.network import T5Config, Transformer
+from specdec_t5x.algorithm.network import T5Config, Transformer
 
 
 def tiny_config(vocab=40, emb=32, layers=2, heads=4, v11=True, **kw):

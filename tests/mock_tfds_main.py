@@ -16,7 +16,7 @@ import sys
 
 import tensorflow_datasets as tfds
 
-from specdec_t5x import tasks
+from specdec_t5x.integration import tasks
 
 DATASETS = ('wmt_t2t_translate/de-en:1.0.0', 'cnn_dailymail:3.4.0')
 SPLITS = ('train', 'validation', 'test')

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from conftest import random_inputs
-from specdec_t5x import generate, sampling
-from specdec_t5x.decoding import GammaPolicy
+from specdec_t5x import generate
+from specdec_t5x.algorithm import sampling
+from specdec_t5x.algorithm.decoding import GammaPolicy
 
 import test_distribution as td
 
@@ -41,7 +42,7 @@ def test_fixed_policy_is_the_default(target_and_draft):
 
 def test_confidence_policy_stops_on_a_flat_draft():
   """A uniform draft (max q = 1/V) never passes a 0.5 threshold: one draft per step."""
-  from specdec_t5x.drafts import UnigramDraft
+  from specdec_t5x.algorithm.drafts import UnigramDraft
   import jax.numpy as jnp
   target = td.make_model(td.tiny_config(vocab=td.VOCAB), seed=10, logit_scale=1.5)
   flat = (UnigramDraft(td.VOCAB), {'logits': jnp.zeros((td.VOCAB,))})

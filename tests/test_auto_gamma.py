@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from conftest import random_inputs
 
-from specdec_t5x import api, auto_gamma, benchmarking, infer, models, tasks, theory
+from specdec_t5x.algorithm import api, auto_gamma, theory, timing
+from specdec_t5x.integration import infer, models, tasks
 
 ENC = random_inputs(1, 16, 40, seed=5, min_len=8)
 
@@ -35,7 +36,7 @@ def _stub_costs(t_target, t_draft, verify_ratio):
     (0.7, 0.22, 0.13, 2)])  # the demo's c and verify/target ratio at gamma 3 (1.4)
 def test_choice_is_theorys_argmax_of_the_costs(monkeypatch, target_and_draft, alpha, c,
                                                verify_ratio, expected):
-  monkeypatch.setattr(benchmarking, 'call_costs', _stub_costs(1.0, c, verify_ratio))
+  monkeypatch.setattr(timing, 'call_costs', _stub_costs(1.0, c, verify_ratio))
   target, draft = target_and_draft
   choice = auto_gamma.choose_gamma(target, draft, ENC, alpha=alpha, max_len=8)
   improvements = [theory.walltime_improvement_measured(alpha, g, c, 1.0,
@@ -66,7 +67,7 @@ def test_warmup_alpha_of_a_perfect_draft_is_one(target_and_draft):
 
 
 def test_auto_model_decodes_the_greedy_tokens(monkeypatch, target_and_draft):
-  monkeypatch.setattr(benchmarking, 'call_costs', _stub_costs(1.0, 0.22, 0.13))
+  monkeypatch.setattr(timing, 'call_costs', _stub_costs(1.0, 0.22, 0.13))
   (t_module, t_params), (d_module, d_params) = target_and_draft
   model = models.StandaloneSpeculativeModel(t_module, draft_module=d_module,
                                             draft_params=d_params, gamma='auto',
@@ -93,7 +94,7 @@ def test_bad_settings_raise(target_and_draft, kw, pattern):
 
 def test_infer_with_auto_gamma(monkeypatch, tmp_path, capsys):
   """The runner with --gin.GAMMA="'auto'": alpha from a warm-up, the choice in metrics."""
-  monkeypatch.setattr(benchmarking, 'call_costs', _stub_costs(1.0, 0.01, 0.0))
+  monkeypatch.setattr(timing, 'call_costs', _stub_costs(1.0, 0.01, 0.0))
   tasks.register_tasks()
   try:
     metrics = infer.main(['--gin_file=configs/spec_tiny_test.gin',

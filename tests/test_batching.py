@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from conftest import random_inputs
 
-from specdec_t5x import api, batching, infer
+from specdec_t5x.algorithm import api, batching
+from specdec_t5x.integration import infer
 
 
 @pytest.mark.parametrize('n, max_len, min_len, expected', [

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_t5x import sampling
+from specdec_t5x.algorithm import sampling
 
 ROWS = 200000
 

@@ -14,7 +14,7 @@ import pytest
 import tensorstore as ts
 from flax import traverse_util
 
-from specdec_t5x import checkpoints
+from specdec_t5x.integration import checkpoints
 
 
 @dataclasses.dataclass(frozen=True)

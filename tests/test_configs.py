@@ -8,10 +8,10 @@ import re
 import gin
 import pytest
 
-from specdec_t5x import infer
-from specdec_t5x import network
-from specdec_t5x import paper
-from specdec_t5x import tasks
+from specdec_t5x.integration import infer
+from specdec_t5x.algorithm import network
+from specdec_t5x.research import paper
+from specdec_t5x.integration import tasks
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / 'configs'
 CKPT = 'gs://t5-data/pretrained_models/t5x/t5_1_1_{}/checkpoint_1000000'

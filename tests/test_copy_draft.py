@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from conftest import random_inputs
-from specdec_t5x import generate, sampling
-from specdec_t5x.drafts import BigramDraft, CopyDraft
+from specdec_t5x import generate
+from specdec_t5x.algorithm import sampling
+from specdec_t5x.algorithm.drafts import BigramDraft, CopyDraft
 
 import test_distribution as td
 

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import make_model, random_inputs, tiny_config
 from specdec_t5x import generate
-from specdec_t5x.drafts import BigramDraft
+from specdec_t5x.algorithm.drafts import BigramDraft
 
 
 def _bigram(table):

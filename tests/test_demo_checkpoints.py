@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from specdec_t5x import evaluation
+from specdec_t5x.research import evaluation
 
 ROOT = os.path.join(os.path.dirname(__file__), '..', 'checkpoints', 'demo')
 ENC = np.array([[13, 250, 9, 77, 1024, 5, 1]], np.int32)

@@ -8,7 +8,8 @@ import pathlib
 
 import pytest
 
-from specdec_t5x import t5x_reference, theory
+from specdec_t5x.algorithm import theory
+from specdec_t5x.research import t5x_reference
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 

@@ -14,8 +14,9 @@ import pytest
 from scipy import stats
 
 from conftest import make_model, tiny_config
-from specdec_t5x import api, generate, sampling
-from specdec_t5x import drafts
+from specdec_t5x import generate
+from specdec_t5x.algorithm import api, sampling
+from specdec_t5x.algorithm import drafts
 
 VOCAB, EOS, MAX_LEN, ROWS = 6, 1, 3, 20000
 

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import drafts
+from specdec_t5x.algorithm import drafts
 
 
 def _dense_reference(seqs, vocab, topk, smoothing):

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from conftest import make_model, random_inputs, tiny_config
-from specdec_t5x import benchmarking, evaluation, sampling, theory
+from specdec_t5x.algorithm import sampling, theory, timing
+from specdec_t5x.research import evaluation
 from test_infer import _flags, env  # pylint: disable=unused-import  (tiny ckpts, mock WMT)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -75,7 +76,7 @@ def test_alpha_per_position_from_histogram():
 @pytest.mark.parametrize('alpha,gamma', [(0.0, 3), (0.3, 1), (0.62, 7), (0.95, 4)])
 def test_alpha_fit_inverts_expected_tokens(alpha, gamma):
   tokens = float(theory.expected_tokens_per_step(alpha, gamma))
-  assert evaluation.alpha_from_tokens_per_call(tokens, gamma) == pytest.approx(alpha, abs=1e-6)
+  assert theory.alpha_from_tokens_per_call(tokens, gamma) == pytest.approx(alpha, abs=1e-6)
 
 
 def test_speculative_stats_self_draft_accepts_everything(models):
@@ -111,7 +112,7 @@ def test_costs_measure_calls_and_prefill_separately(models):
   # The 0-call program still computes the encoder and cache (its result depends on them),
   # so the encoder cancels out of call_cost's difference instead of being dead code.
   module, params = target
-  run = benchmarking._repeated_extend(module, 1, 12)  # pylint: disable=protected-access
+  run = timing._repeated_extend(module, 1, 12)  # pylint: disable=protected-access
   doubled = jax.tree_util.tree_map(lambda x: 2 * x, params)
   e = jnp.asarray(enc[:1])
   assert not np.allclose(np.asarray(run(params, e, 0)), np.asarray(run(doubled, e, 0)))

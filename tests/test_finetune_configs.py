@@ -32,9 +32,9 @@ import pytest
 from conftest import train_tiny_spm
 import seqio
 
-from specdec_t5x import checkpoints
-from specdec_t5x import network
-from specdec_t5x import tasks
+from specdec_t5x.integration import checkpoints
+from specdec_t5x.algorithm import network
+from specdec_t5x.integration import tasks
 
 t5x = pytest.importorskip('t5x', reason='T5X (github.com/google-research/t5x, not on PyPI) '
                           'runs these configs; CI installs it')
@@ -76,7 +76,7 @@ _PARSE_ALL = textwrap.dedent('''
     from t5x import gin_utils
     from t5x.train import train  # pylint: disable=unused-import
     import seqio
-    from specdec_t5x import tasks
+    from specdec_t5x.integration import tasks
 
     def macro(name):
       value = gin.query_parameter(f'%{name}')

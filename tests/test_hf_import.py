@@ -10,7 +10,7 @@ import types
 import numpy as np
 import pytest
 
-from specdec_t5x import checkpoints
+from specdec_t5x.integration import checkpoints
 
 torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')

@@ -20,8 +20,8 @@ from conftest import train_tiny_spm
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from specdec_t5x import checkpoints, infer, models, tasks
-from specdec_t5x.network import T5Config, Transformer
+from specdec_t5x.integration import checkpoints, infer, models, tasks
+from specdec_t5x.algorithm.network import T5Config, Transformer
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FIXTURES = pathlib.Path(__file__).parent / 'data' / 'tasks' / 'corpus' / 'ende'

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from conftest import make_model, random_inputs, tiny_config
-from specdec_t5x.network import Transformer, relative_position_bucket
+from specdec_t5x.algorithm.network import Transformer, relative_position_bucket
 
 
 def _apply(model, method, *args):

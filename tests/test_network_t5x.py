@@ -11,7 +11,7 @@ import seqio
 from flax import traverse_util
 from t5x import adafactor, models, partitioning, train_state
 from t5x.examples.t5 import network as t5x_network
-from specdec_t5x import network
+from specdec_t5x.algorithm import network
 VOCAB = 40
 BASE = dict(vocab_size=VOCAB, emb_dim=32, num_heads=4, num_encoder_layers=2,
             num_decoder_layers=2, head_dim=8, mlp_dim=64, dropout_rate=0.0)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import serialization
 
-from specdec_t5x import checkpoints
+from specdec_t5x.integration import checkpoints
 
 
 def _params():

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from conftest import random_inputs
-from specdec_t5x import generate, sampling
+from specdec_t5x import generate
+from specdec_t5x.algorithm import sampling
 
 
 @pytest.mark.parametrize('value,dtype', [(5000, np.int32), (-3, np.int32),

@@ -16,7 +16,7 @@ import gin
 import pytest
 from conftest import train_tiny_spm
 
-from specdec_t5x import infer, run_dir, tasks, vocab_check
+from specdec_t5x.integration import infer, run_dir, tasks, vocab_check
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 OUTPUT = 'demo_ende-predict_with_aux.jsonl-00000-of-00001'  # mode: T5X's default

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from specdec_t5x import training
+from specdec_t5x.research import training
 from test_training import data_dir, small_cfg, tiny_model  # pylint: disable=unused-import
 
 

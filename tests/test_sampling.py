@@ -3,7 +3,7 @@
 import jax
 import numpy as np
 
-from specdec_t5x import sampling
+from specdec_t5x.algorithm import sampling
 
 
 def test_sample_matches_probabilities_and_skips_zero_mass():

@@ -14,8 +14,8 @@ import jax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from specdec_t5x import partitioning
-from specdec_t5x.network import T5Config, Transformer
+from specdec_t5x.integration import partitioning
+from specdec_t5x.algorithm.network import T5Config, Transformer
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -77,8 +77,9 @@ _CHILD = textwrap.dedent('''
     import json
     import jax, numpy as np
     from jax.experimental import multihost_utils
-    from specdec_t5x import generate, partitioning
-    from specdec_t5x.network import T5Config, Transformer
+    from specdec_t5x import generate
+    from specdec_t5x.integration import partitioning
+    from specdec_t5x.algorithm.network import T5Config, Transformer
     assert jax.device_count() == 8, jax.devices()
 
     def model(emb, layers, seed):

@@ -17,8 +17,9 @@ import jax
 import numpy as np
 import pytest
 
-from specdec_t5x import checkpoints, generate, models, utils
-from specdec_t5x.network import T5Config, Transformer
+from specdec_t5x import generate
+from specdec_t5x.integration import checkpoints, models, utils
+from specdec_t5x.algorithm.network import T5Config, Transformer
 
 HAVE_T5X = importlib.util.find_spec('t5x') is not None
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -173,8 +174,8 @@ def test_with_t5x_importable_the_model_subclasses_t5x(tmp_path):
     (tmp_path / name).write_text(textwrap.dedent(text))
   child = textwrap.dedent("""
       import t5x.models, t5x.utils
-      from specdec_t5x import models, utils
-      from specdec_t5x.network import T5Config, Transformer
+      from specdec_t5x.integration import models, utils
+      from specdec_t5x.algorithm.network import T5Config, Transformer
       assert utils.HAVE_T5X and utils.DatasetConfig is t5x.utils.DatasetConfig
       cls = models.SpeculativeEncoderDecoderModel
       assert issubclass(cls, t5x.models.EncoderDecoderModel)

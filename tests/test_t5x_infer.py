@@ -29,7 +29,9 @@ from t5x import train_state as t5x_train_state
 from t5x.examples.t5 import network as t5x_network
 import seqio
 
-from specdec_t5x import network, paper, t5x_reference, tasks
+from specdec_t5x.algorithm import network
+from specdec_t5x.integration import tasks
+from specdec_t5x.research import paper, t5x_reference
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TASK = 'demo_ende'

@@ -14,8 +14,8 @@ import seqio
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from specdec_t5x import metrics
-from specdec_t5x import tasks
+from specdec_t5x.integration import metrics
+from specdec_t5x.integration import tasks
 
 FIXTURES = pathlib.Path(__file__).parent / 'data' / 'tasks'
 CORPUS = FIXTURES / 'corpus'

@@ -4,7 +4,7 @@ import itertools
 import numpy as np
 import pytest
 
-from specdec_t5x import theory
+from specdec_t5x.algorithm import theory
 
 ALPHAS = np.linspace(0.0, 1.0, 41)
 CS = np.linspace(0.0, 1.5, 31)

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_t5x import training
-from specdec_t5x.checkpoints import load_params
+from specdec_t5x.research import training
+from specdec_t5x.integration.checkpoints import load_params
 
 VOCAB = 64
 
@@ -203,7 +203,7 @@ def test_teacher_step_trains_toward_the_teacher(data_dir):
 
 
 def test_distill_targets_are_the_greedy_decodes():
-  from specdec_t5x import api  # pylint: disable=g-import-not-at-top
+  from specdec_t5x.algorithm import api  # pylint: disable=g-import-not-at-top
   cfg = training.model_config('tiny', vocab_size=VOCAB, emb_dim=16, num_heads=2, head_dim=8,
                               mlp_dim=32, dropout_rate=0.0)
   model = training.Transformer(cfg)

@@ -27,7 +27,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from specdec_t5x import sampling
+from specdec_t5x.algorithm import sampling
 
 ExtendFn = Callable[[Any, jax.Array, jax.Array], tuple]
 

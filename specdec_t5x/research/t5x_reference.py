@@ -20,7 +20,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from specdec_t5x import network
+from specdec_t5x.algorithm import network
 
 
 def available() -> bool:

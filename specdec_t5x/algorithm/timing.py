@@ -1,4 +1,4 @@
-"""Timing helpers shared by the benchmark scripts (shared/DESIGN.md, "Measuring").
+"""Timing of decoder calls and speedup statistics (used by gamma="auto", the runner, the benchmarks).
 
 Everything is timed inside one process after compilation, with `block_until_ready`;
 scripts report medians and ratios of runs interleaved in the same loop.
@@ -6,12 +6,7 @@ scripts report medians and ratios of runs interleaved in the same loop.
 
 from __future__ import annotations
 
-import json
-import os
-import platform
 import statistics
-import subprocess
-import tempfile
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -19,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import api
+from specdec_t5x.algorithm import api
 
 
 def block(x):
@@ -215,35 +210,3 @@ def format_speedup(stats: Optional[Dict[str, Any]]) -> str:
   return (f"{stats['pooled']:.2f}x (95% CI {lo:.2f}-{hi:.2f}x; per-batch median "
           f"{stats['per_batch_median']:.2f}x, IQR {stats['per_batch_q25']:.2f}-"
           f"{stats['per_batch_q75']:.2f}x, {stats['num_batches']} batches)")
-
-
-def environment() -> Dict[str, Any]:
-  """Machine, device and code revision, recorded in every results file."""
-  try:
-    rev = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], capture_output=True,
-                         text=True, check=True, cwd=os.path.dirname(__file__)).stdout.strip()
-  except (OSError, subprocess.CalledProcessError):
-    rev = 'unknown'
-  dev = jax.devices()[0]
-  return {'git_revision': rev, 'device_kind': dev.device_kind, 'platform': dev.platform,
-          'num_devices': jax.device_count(), 'cpu_count': os.cpu_count(),
-          'machine': platform.machine(), 'python': platform.python_version(),
-          'jax': jax.__version__}
-
-
-def write_json(path: str, data: Any) -> None:
-  """Atomic JSON write (temp file + rename)."""
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix='.tmp')
-  with os.fdopen(fd, 'w') as f:
-    json.dump(data, f, indent=2, default=float)
-    f.write('\n')
-  os.replace(tmp, path)
-
-
-def write_text(path: str, text: str) -> None:
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix='.tmp')
-  with os.fdopen(fd, 'w') as f:
-    f.write(text)
-  os.replace(tmp, path)

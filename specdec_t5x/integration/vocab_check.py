@@ -22,7 +22,7 @@ import json
 import os
 from typing import Any, Dict, Mapping, Optional
 
-from specdec_t5x import run_dir
+from specdec_t5x.integration import run_dir
 
 RECORD = 'vocabulary.json'
 

@@ -4,7 +4,7 @@ The best gamma depends on alpha and on what a draft call and a verify call cost 
 (shared/PAPER.md, Section 3.3; theory.best_gamma_measured), and those costs differ
 between a laptop, a 2-core VM and an accelerator. With gamma='auto' the model, at its
 first batch, times one draft call, one target call and target calls over gamma + 1
-positions for a few gammas (benchmarking.call_costs: compiled first, repeats interleaved),
+positions for a few gammas (timing.call_costs: compiled first, repeats interleaved),
 interpolates the verify cost between them, takes alpha from the setting or from a
 warm-up decode of that batch (the i.i.d. alpha of its tokens per target call), and keeps
 the gamma that maximises the predicted walltime improvement. The choice changes speed
@@ -18,7 +18,7 @@ from typing import Any, Dict, Tuple
 import jax
 import numpy as np
 
-from specdec_t5x import api, benchmarking, evaluation, theory
+from specdec_t5x.algorithm import api, theory, timing
 
 ModelAndParams = Tuple[Any, Any]
 VERIFY_GAMMAS = (1, 2, 4, 8)  # verify costs measured at these gammas, interpolated between
@@ -37,7 +37,7 @@ def choose_gamma(target: ModelAndParams, draft: ModelAndParams, enc: Any, *, alp
     alpha: the acceptance rate to plan for.
     max_len: the decode length (the caches get its max_len + max_gamma + 1 slots).
     max_gamma: the largest gamma considered.
-    num_calls, repeats: benchmarking.call_costs' settings.
+    num_calls, repeats: timing.call_costs' settings.
 
   Returns:
     {'gamma', 'alpha', 'c' (t_draft / t_target), 'costs_s' (seconds per call:
@@ -51,7 +51,7 @@ def choose_gamma(target: ModelAndParams, draft: ModelAndParams, enc: Any, *, alp
   gammas = sorted({g for g in VERIFY_GAMMAS if g < max_gamma} | {max_gamma})
   specs = {'t_target': (*target, 1), 't_draft': (*draft, 1)}
   specs.update({f't_verify_{g + 1}': (*target, g + 1) for g in gammas})
-  costs = benchmarking.call_costs(specs, enc, num_calls, repeats,
+  costs = timing.call_costs(specs, enc, num_calls, repeats,
                                   cache_len=max_len + max_gamma + 1)
   measured = [costs[f't_verify_{g + 1}'] for g in gammas]
   verify = lambda g: float(np.interp(g, gammas, measured))
@@ -73,4 +73,4 @@ def warmup_alpha(target: ModelAndParams, draft: ModelAndParams, enc: Any, *, max
                      rng=rng, eos_id=eos_id, **sampling)
   generated = float(np.sum(out.stats['generated_tokens']))
   calls = float(np.sum(out.stats['target_calls']))
-  return evaluation.alpha_from_tokens_per_call(generated / max(calls, 1.0), gamma)
+  return theory.alpha_from_tokens_per_call(generated / max(calls, 1.0), gamma)

@@ -190,3 +190,16 @@ def simulate_iid(alpha: float, gamma: int, num_steps: int,
   accepted = rng.random((int(num_steps), g)) < a  # [num_steps, gamma]
   n = np.where(accepted.all(-1), g, np.argmin(accepted, axis=-1))  # [num_steps]
   return float(n.mean() + 1), np.bincount(n, minlength=g + 1)
+
+
+def alpha_from_tokens_per_call(tokens_per_call: float, gamma: int) -> float:
+  """The i.i.d. alpha whose E[tokens per step] (1-a^(g+1))/(1-a) equals the measured one."""
+  lo, hi = 0.0, 1.0
+  target = min(max(tokens_per_call, 1.0), gamma + 1.0)
+  for _ in range(60):
+    mid = (lo + hi) / 2
+    if expected_tokens_per_step(mid, gamma) < target:
+      lo = mid
+    else:
+      hi = mid
+  return (lo + hi) / 2

@@ -33,9 +33,10 @@ import optax
 import tqdm
 from flax import serialization
 
-from specdec_t5x import api, run_dir, vocab_check
-from specdec_t5x.checkpoints import load_params, save_params
-from specdec_t5x.network import T5Config, Transformer
+from specdec_t5x.algorithm import api
+from specdec_t5x.integration import run_dir, vocab_check
+from specdec_t5x.integration.checkpoints import load_params, save_params
+from specdec_t5x.algorithm.network import T5Config, Transformer
 
 Batch = dict[str, np.ndarray]
 Params = Any

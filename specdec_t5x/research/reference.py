@@ -14,7 +14,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specdec_t5x.network import NEG_INF, T5Config, Transformer, relative_position_bucket
+from specdec_t5x.algorithm.network import NEG_INF, T5Config, Transformer, relative_position_bucket
 
 
 def _rms(x, scale):

@@ -17,9 +17,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import api, batching, benchmarking, drafts, network, sampling, theory, training
+from specdec_t5x.algorithm import api, batching, drafts, network, sampling, theory, timing
+from specdec_t5x.research import training
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEMO_DIR = os.path.join(REPO_ROOT, 'checkpoints', 'demo')
 DEMO_DATA = os.path.join(REPO_ROOT, 'data', 'demo')
 DEMO_VOCAB = os.path.join(REPO_ROOT, 'data', 'vocab', 'demo_spm.model')
@@ -152,19 +153,6 @@ def alpha_per_position(histogram: Sequence[int]) -> List[Optional[float]]:
   return out
 
 
-def alpha_from_tokens_per_call(tokens_per_call: float, gamma: int) -> float:
-  """The i.i.d. alpha whose E[tokens per step] (1-a^(g+1))/(1-a) equals the measured one."""
-  lo, hi = 0.0, 1.0
-  target = min(max(tokens_per_call, 1.0), gamma + 1.0)
-  for _ in range(60):
-    mid = (lo + hi) / 2
-    if theory.expected_tokens_per_step(mid, gamma) < target:
-      lo = mid
-    else:
-      hi = mid
-  return (lo + hi) / 2
-
-
 # ------------------------------------------------------------------ speed
 
 
@@ -195,7 +183,7 @@ class Decoder:
           temperature=self.cfg.temperature, topk=self.cfg.topk, topp=self.cfg.topp,
           max_decode_length=self.max_len, rng=jax.random.PRNGKey(self.seed + i),
           eos_id=self.eos_id))
-    benchmarking.block(outs)
+    timing.block(outs)
     self.stats = {k: np.sum([np.asarray(o.stats[k]) for o in outs], axis=0)
                   for k in outs[0].stats}
     self.tokens = [np.asarray(o.tokens[0, :int(o.stats['generated_tokens'][0])])
@@ -206,21 +194,21 @@ class Decoder:
 def costs(target: ModelAndParams, drafts_: Dict[str, ModelAndParams], enc: np.ndarray,
           gammas: Sequence[int], num_calls: int = 32, repeats: int = 7,
           max_len: int = 0) -> Dict[str, float]:
-  """Seconds per call (benchmarking.call_cost): t_target_step, t_draft_step_{name},
+  """Seconds per call (timing.call_cost): t_target_step, t_draft_step_{name},
   t_verify_{g+1}; and per sequence (prefill_cost): t_prefill_target, t_prefill_draft_{name}.
 
   With `max_len`, caches have the decode's own size (max_len + max gamma + 1). The call
-  costs' repeats are interleaved (benchmarking.call_costs).
+  costs' repeats are interleaved (timing.call_costs).
   """
   enc = jnp.asarray(batching.trim_batch(enc[:1]))
   cache_len = max_len + max(gammas) + 1 if max_len else 0
   specs = {'t_target_step': (*target, 1)}
   specs.update({f't_draft_step_{name}': (*draft, 1) for name, draft in drafts_.items()})
   specs.update({f't_verify_{g + 1}': (*target, g + 1) for g in gammas})
-  out = benchmarking.call_costs(specs, enc, num_calls, repeats, cache_len)
-  out['t_prefill_target'] = benchmarking.prefill_cost(*target, enc, max(cache_len, 2), repeats)
+  out = timing.call_costs(specs, enc, num_calls, repeats, cache_len)
+  out['t_prefill_target'] = timing.prefill_cost(*target, enc, max(cache_len, 2), repeats)
   for name, draft in drafts_.items():
-    out[f't_prefill_draft_{name}'] = benchmarking.prefill_cost(*draft, enc, max(cache_len, 2),
+    out[f't_prefill_draft_{name}'] = timing.prefill_cost(*draft, enc, max(cache_len, 2),
                                                                repeats)
   return out
 
@@ -248,7 +236,7 @@ def _rows(ar: Decoder, decs: Dict[int, Decoder], med: Dict[str, float], name: st
     s = dec.stats
     tpc = float(s['generated_tokens'].sum()) / float(s['target_calls'].sum())
     t_v = cost[f't_verify_{g + 1}']
-    fit = alpha_from_tokens_per_call(tpc, g)
+    fit = theory.alpha_from_tokens_per_call(tpc, g)
     ideal = float(theory.ideal_speedup(min(max(tpc, 1.0), g + 1), g, t_d, t_t, t_v))
     # Per generated token: when sampling, speculative and AR outputs differ in length.
     ar_tokens, spec_tokens = float(ar.stats['generated_tokens'].sum()), float(
@@ -321,7 +309,7 @@ def sweep(target: ModelAndParams, drafts_: Dict[str, ModelAndParams], enc: np.nd
           for name, d in drafts_.items()}
   fns: Dict[str, Any] = {'ar': ar}
   fns.update({f'{name}_g{g}': dec for name, by_g in decs.items() for g, dec in by_g.items()})
-  times = benchmarking.median_times(fns, repeats)
+  times = timing.median_times(fns, repeats)
   med = {k: statistics.median(v) for k, v in times.items()}
   out = {'ar_seconds_median': med['ar'], 'ar_tokens': float(ar.stats['generated_tokens'].sum()),
          'raw_times_s': times, 'drafts': {}}
@@ -418,7 +406,7 @@ def batch_throughput(target: ModelAndParams, draft: ModelAndParams, enc: np.ndar
   rows = []
   for b in batches:
     fns = {m: decode(enc[:b], g) for m, g in methods.items()}
-    med = {m: statistics.median(t) for m, t in benchmarking.median_times(fns, repeats).items()}
+    med = {m: statistics.median(t) for m, t in timing.median_times(fns, repeats).items()}
     for m, g in methods.items():
       out = fns[m]()
       st = summarize_stats(out)
@@ -449,7 +437,7 @@ def from_gin(gin_files: Sequence[str], bindings: Sequence[str], num_examples: in
   `infer_script.infer` that returns its gin-bound arguments instead of decoding.
   """
   import gin  # pylint: disable=g-import-not-at-top
-  from specdec_t5x import infer as infer_lib, tasks  # pylint: disable=g-import-not-at-top
+  from specdec_t5x.integration import infer as infer_lib, tasks  # pylint: disable=g-import-not-at-top
 
   # Parse exactly as the runner does, then read the arguments gin binds to its `infer`
   # (references resolved) without running it: registering a stand-in `infer` would make

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 
@@ -178,3 +179,17 @@ def finished_run(output_dir: str, metrics_name: str, settings: Mapping[str, Any]
   if metrics is None or not all(os.path.isfile(p) for p in outputs):
     return None  # Not finished (or its predictions were deleted since): run it.
   return metrics
+
+
+def git_revision() -> Optional[str]:
+  """The git revision of the installed package's checkout ('-dirty' if it has changes),
+  or None when the package is not inside a git checkout."""
+  here = os.path.dirname(os.path.abspath(__file__))
+  try:
+    rev = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=here, capture_output=True,
+                         text=True, timeout=10, check=True).stdout.strip()
+    dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no'],
+                           cwd=here, capture_output=True, text=True, timeout=10).stdout
+    return rev + ('-dirty' if dirty.strip() else '')
+  except (OSError, subprocess.SubprocessError):
+    return None

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import decoding, sampling
+from specdec_t5x.algorithm import decoding, sampling
 
 ModelAndParams = Tuple[Any, Any]  # (flax module with encode/init_cache/extend, params)
 

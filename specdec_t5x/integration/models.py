@@ -1,0 +1,410 @@
+"""SpeculativeEncoderDecoderModel: a T5X-shaped model whose decoding is `generate`.
+
+When `t5x` is importable the class subclasses `t5x.models.EncoderDecoderModel` (so T5X's
+runners, partitioner and checkpoint restore work unchanged) and overrides
+`predict_batch_with_aux` to run speculative decoding with a draft model it carries (module
++ params, loaded from the draft checkpoint). Without T5X it is `StandaloneSpeculativeModel`,
+a plain class with the same constructor and `predict_batch_with_aux` signature, which
+`specdec_t5x.infer` drives. With no draft it decodes autoregressively through the same
+jitted machinery (the paper's baseline).
+
+T5X's contract for `predict_batch_with_aux`: decodes [batch, max_decode_length] and an aux
+dict of per-example arrays (T5X's infer splits aux by example). Batch-level statistics
+(the accepted-length histogram) come from `predict_batch_with_stats`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Dict, Mapping, Optional, Tuple
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_t5x.algorithm import api, network
+from specdec_t5x.integration import checkpoints
+
+try:  # T5X is not on PyPI: subclass its model only when it is installed.
+  from t5x import models as t5x_models  # type: ignore
+except ImportError:
+  t5x_models = None
+
+PER_EXAMPLE_STATS = ('target_calls', 'drafted_tokens', 'accepted_tokens', 'generated_tokens')
+_CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(network.T5Config))
+
+
+def as_our_transformer(module: Any) -> Any:
+  """Our network.Transformer for `module`: itself, or one built from a T5X module's config
+  (same parameter tree). Modules with `encode/init_cache/extend` pass through."""
+  if all(hasattr(module, m) for m in ('encode', 'init_cache', 'extend')):
+    return module
+  config = getattr(module, 'config', None)
+  if config is None:
+    raise TypeError(f'{type(module).__name__} has no T5 `config`; cannot decode with it.')
+  fields = {f: getattr(config, f) for f in _CONFIG_FIELDS if hasattr(config, f)}
+  return network.Transformer(network.T5Config(**fields))
+
+
+def config_dict(config: Any) -> Optional[Dict[str, Any]]:
+  """A JSON-friendly dict of a T5Config (None stays None)."""
+  if config is None:
+    return None
+  out = {}
+  for name in _CONFIG_FIELDS:
+    value = getattr(config, name, None)
+    out[name] = (list(value) if isinstance(value, (tuple, list))
+                 else value if isinstance(value, (int, float, str, bool, type(None)))
+                 else jnp.dtype(value).name)
+  return out
+
+
+def _spm_identity(vocab: Any) -> Tuple[Optional[str], int]:
+  path = getattr(vocab, 'sentencepiece_model_file', None)
+  if path and '://' not in path:
+    path = os.path.abspath(path)
+  return path, int(getattr(vocab, 'extra_ids', 0) or 0)
+
+
+def same_sentencepiece(a: Any, b: Any) -> bool:
+  """Whether two seqio SentencePiece vocabularies are the same model (path+extra ids, or
+  identical local files). Reads no remote file."""
+  (path_a, extra_a), (path_b, extra_b) = _spm_identity(a), _spm_identity(b)
+  if extra_a != extra_b:
+    return False
+  if path_a == path_b:
+    return True
+  if path_a and path_b and os.path.isfile(path_a) and os.path.isfile(path_b):
+    with open(path_a, 'rb') as fa, open(path_b, 'rb') as fb:
+      return fa.read() == fb.read()
+  return False
+
+
+def summarize_stats(total: Mapping[str, Any]) -> Dict[str, Any]:
+  """Totals of the per-example counters and histogram -> the speculative statistics:
+  alpha_empirical = accepted / drafted tokens, mean tokens per target call."""
+  out = {k: int(total.get(k, 0)) for k in PER_EXAMPLE_STATS}
+  out['alpha_empirical'] = (out['accepted_tokens'] / out['drafted_tokens']
+                            if out['drafted_tokens'] else None)
+  out['mean_tokens_per_target_call'] = (out['generated_tokens'] / out['target_calls']
+                                        if out['target_calls'] else None)
+  out['accepted_length_histogram'] = (np.asarray(total['accepted_length_histogram']).tolist()
+                                      if 'accepted_length_histogram' in total else None)
+  return out
+
+
+def _fmt(value: Optional[float]) -> str:
+  return 'n/a' if value is None else f'{value:.3f}'
+
+
+def _dtype(name: Optional[str]):
+  return None if name is None else jnp.dtype(name)
+
+
+def init_params(module: Any, rng: jax.Array) -> Any:
+  """Random parameters of a Transformer-like module (smoke tests, `fallback_init_rng`)."""
+  dummy = jnp.ones((1, 4), jnp.int32)
+  return jax.jit(module.init)(rng, dummy, dummy, dummy)['params']
+
+
+def load_checkpoint(path: Optional[str], *, macro: str, what: str, config: Any = None,
+                    dtype: Optional[str] = None) -> Any:
+  """`checkpoints.load_params` with an error that names the gin macro to set."""
+  if not path or not os.path.exists(path):
+    hint = (' gs:// checkpoints must be copied to a local disk first '
+            '(gsutil -m cp -r gs://... /local/dir).' if path and '://' in path else '')
+    raise FileNotFoundError(
+        f'{what} checkpoint not found: {path!r}. Set the gin macro {macro}, e.g. '
+        f'--gin.{macro}="\'/path/to/checkpoint_1000000\'".{hint}')
+  return checkpoints.load_params(path, dtype=_dtype(dtype), config=config)
+
+
+class _SpeculativeMixin:
+  """Draft model, sampling settings and the decoding methods shared by both classes."""
+
+  def _init_speculative(self, *, draft_config, draft_module, draft_checkpoint, draft_params,
+                        draft_vocabulary, gamma, temperature, topk, topp, max_decode_length,
+                        lenience, verifier, gamma_alpha):
+    target = as_our_transformer(self.module)
+    if draft_module is None and draft_config is not None:
+      draft_module = network.Transformer(draft_config)
+    self.target_module = target
+    self.draft_module = draft_module
+    self.draft_config = getattr(draft_module, 'config', draft_config)
+    self.draft_checkpoint = draft_checkpoint
+    self.draft_vocabulary = draft_vocabulary
+    self._draft_params = draft_params
+    # 'auto': chosen at the first batch from measured call costs (auto_gamma.py).
+    self.gamma = self.gamma_setting = gamma if gamma == 'auto' else int(gamma)
+    self.gamma_alpha = None if gamma_alpha is None else float(gamma_alpha)
+    self.gamma_choice: Optional[Dict[str, Any]] = None
+    self.temperature = float(temperature)
+    self.topk, self.topp = int(topk), float(topp)
+    self.max_decode_length = max_decode_length
+    self.lenience, self.verifier = float(lenience), verifier
+    self._run_totals: Dict[str, Any] = {}
+    if self.gamma != 'auto' and self.gamma < 1:
+      raise ValueError(f"gamma must be >= 1 or 'auto', got {gamma}.")
+    if self.gamma_alpha is not None and not 0.0 <= self.gamma_alpha <= 1.0:
+      raise ValueError(f"gamma_alpha (alpha for gamma='auto') must be in [0, 1], got "
+                       f'{gamma_alpha}.')
+    if not 0.0 < self.lenience <= 1.0:
+      raise ValueError(f'lenience must be in (0, 1], got {lenience}.')
+    if draft_module is not None:
+      tv = getattr(target.config, 'vocab_size', None)
+      dv = getattr(self.draft_config, 'vocab_size', getattr(draft_module, 'vocab_size', None))
+      if tv is not None and dv is not None and tv != dv:
+        raise ValueError(f'Draft and target vocabulary sizes differ: target vocab_size={tv}, '
+                         f'draft vocab_size={dv}. Speculative decoding needs one tokenizer; '
+                         'fix TARGET_CONFIG / DRAFT_CONFIG.')
+      target_vocab = self.output_vocabulary
+      if (draft_vocabulary is not None and target_vocab is not None
+          and not same_sentencepiece(draft_vocabulary, target_vocab)):
+        raise ValueError(
+            'Draft and target use different SentencePiece models: target '
+            f'{_spm_identity(target_vocab)}, draft {_spm_identity(draft_vocabulary)} '
+            '(path, extra_ids). Speculative decoding needs the same tokenizer.')
+
+  @property
+  def is_speculative(self) -> bool:
+    return self.draft_module is not None
+
+  @property
+  def draft_params(self) -> Any:
+    if self.is_speculative and self._draft_params is None:
+      raise ValueError('Draft parameters are not loaded; call restore_draft() first.')
+    return self._draft_params
+
+  @draft_params.setter
+  def draft_params(self, params: Any) -> None:
+    self._draft_params = params
+
+  @property
+  def eos_id(self) -> int:
+    return int(getattr(self.output_vocabulary, 'eos_id', None) or 1)
+
+  def check_task_vocabulary(self, vocab: Any) -> None:
+    """Raises unless the task's vocabulary is this model's and fits the embedding."""
+    own = getattr(self, 'output_vocabulary', None)
+    if own is not None and not same_sentencepiece(own, vocab):
+      raise ValueError(f'Model and task vocabularies differ: model {_spm_identity(own)}, '
+                       f'task {_spm_identity(vocab)}; set VOCAB_PATH / VOCAB_EXTRA_IDS, or '
+                       "register the task with the model's vocabulary in a module named by "
+                       'MIXTURE_OR_TASK_MODULE.')
+    size = self.target_module.config.vocab_size
+    if size < vocab.vocab_size:
+      raise ValueError(f'Target vocab_size={size} is smaller than the task vocabulary '
+                       f'({vocab.vocab_size} ids).')
+
+  def check_checkpoints(self, target_path: Optional[str],
+                        fallback_init_rng: Optional[int] = None) -> None:
+    """Fails fast, before data or weights are read, if a checkpoint directory is missing
+    (a None path is fine when `fallback_init_rng` asks for random weights)."""
+    for path, what, macro, needed in (
+        (target_path, 'Target', 'TARGET_CHECKPOINT', True),
+        (self.draft_checkpoint, 'Draft', 'DRAFT_CHECKPOINT',
+         self.is_speculative and self._draft_params is None)):
+      random_ok = path is None and fallback_init_rng is not None
+      if needed and not random_ok and not (path and os.path.exists(path)):
+        load_checkpoint(path, macro=macro, what=what)  # Raises FileNotFoundError.
+
+  def restore_target(self, path: Optional[str], dtype: Optional[str] = None,
+                     fallback_init_rng: Optional[int] = None) -> Any:
+    """Target params from the checkpoint at `path` (random if None and a seed is given)."""
+    if path is None and fallback_init_rng is not None:
+      return init_params(self.target_module, jax.random.PRNGKey(fallback_init_rng))
+    return load_checkpoint(path, macro='TARGET_CHECKPOINT', what='Target',
+                           config=self.target_module.config, dtype=dtype)
+
+  def restore_draft(self, dtype: Optional[str] = None,
+                    fallback_init_rng: Optional[int] = None) -> None:
+    """Loads the draft params from `draft_checkpoint` (random init if it is None and
+    `fallback_init_rng` is given). No-op without a draft or when already loaded."""
+    if not self.is_speculative or self._draft_params is not None:
+      return
+    if self.draft_checkpoint is None and fallback_init_rng is not None:
+      self._draft_params = init_params(self.draft_module,
+                                       jax.random.PRNGKey(fallback_init_rng + 1))
+      return
+    self._draft_params = load_checkpoint(self.draft_checkpoint, macro='DRAFT_CHECKPOINT',
+                                         what='Draft', config=self.draft_config, dtype=dtype)
+
+  def describe(self) -> Dict[str, Any]:
+    """Settings for metrics.json and for checking that a resumed run is the same run."""
+    return {
+        'speculative': self.is_speculative,
+        'gamma': self.gamma_setting if self.is_speculative else None,
+        **({'gamma_alpha': self.gamma_alpha} if self.gamma_setting == 'auto' else {}),
+        'temperature': self.temperature, 'topk': self.topk, 'topp': self.topp,
+        'lenience': self.lenience, 'lossy': self.lenience < 1.0, 'verifier': self.verifier,
+        'max_decode_length': self.max_decode_length,
+        'target_config': config_dict(self.target_module.config),
+        'draft_config': config_dict(self.draft_config),
+        'draft_module': type(self.draft_module).__name__ if self.is_speculative else None,
+        'draft_checkpoint': self.draft_checkpoint if self.is_speculative else None,
+    }
+
+  def predict_batch_with_stats(self, params: Any, batch: Mapping[str, Any],
+                               rng: Optional[jax.Array] = None
+                               ) -> Tuple[jax.Array, Dict[str, jax.Array], Dict[str, jax.Array]]:
+    """-> (decodes [batch, len], per-example stats {name: [batch]}, batch-level stats:
+    {'accepted_length_histogram': [gamma + 1]})."""
+    max_len = self.max_decode_length
+    if max_len is None:
+      if 'decoder_input_tokens' not in batch:
+        raise ValueError('Set max_decode_length or pass batch["decoder_input_tokens"].')
+      max_len = int(np.shape(batch['decoder_input_tokens'])[1])
+    if self.is_speculative and self._draft_params is None and self.draft_checkpoint:
+      # T5X's runners restore only the target (TrainState); load the draft on first use,
+      # replicated on every device (jit passes it to the program as an argument).
+      self.restore_draft()
+      replicated = jax.sharding.NamedSharding(
+          jax.sharding.Mesh(np.asarray(jax.devices()), ('devices',)),
+          jax.sharding.PartitionSpec())
+      self._draft_params = jax.device_put(self._draft_params, replicated)
+    draft = (self.draft_module, self.draft_params) if self.is_speculative else None
+    if draft is not None and self.gamma == 'auto':
+      self._choose_gamma(params, batch['encoder_input_tokens'], int(max_len), rng)
+    out = api.generate((self.target_module, params), batch['encoder_input_tokens'],
+                       draft=draft, gamma=self.gamma if draft is not None else 1,
+                       temperature=self.temperature,
+                       topk=self.topk, topp=self.topp, max_decode_length=int(max_len),
+                       rng=rng, eos_id=self.eos_id, lenience=self.lenience,
+                       verifier=self.verifier)
+    aux = {k: out.stats[k] for k in PER_EXAMPLE_STATS}
+    return out.tokens, aux, {'accepted_length_histogram': out.stats['accepted_length_histogram']}
+
+  def _choose_gamma(self, params: Any, enc: Any, max_len: int,
+                    rng: Optional[jax.Array]) -> None:
+    """gamma='auto': measures call costs on `enc` (and alpha, unless `gamma_alpha` is
+    set) and fixes gamma for every later batch; the choice is kept in `gamma_choice`."""
+    from specdec_t5x.algorithm import auto_gamma  # pylint: disable=g-import-not-at-top
+    if isinstance(enc, jax.core.Tracer):
+      raise ValueError("gamma='auto' times calls on the first batch, which needs concrete "
+                       'inputs: run python -m specdec_t5x.infer, or set an integer gamma '
+                       '(e.g. --gin.GAMMA=3) under a runner that traces the model.')
+    target, draft = (self.target_module, params), (self.draft_module, self.draft_params)
+    alpha = self.gamma_alpha
+    if alpha is None:
+      alpha = auto_gamma.warmup_alpha(
+          target, draft, enc, max_len=max_len, eos_id=self.eos_id,
+          rng=jax.random.PRNGKey(0) if rng is None else rng, temperature=self.temperature,
+          topk=self.topk, topp=self.topp)
+    self.gamma_choice = dict(auto_gamma.choose_gamma(target, draft, enc, alpha=alpha,
+                                                     max_len=max_len),
+                             alpha_source='given' if self.gamma_alpha is not None
+                             else 'warm-up decode of the first batch')
+    self.gamma = self.gamma_choice['gamma']
+
+  def predict_batch_with_aux(self, params: Any, batch: Mapping[str, Any],
+                             rng: Optional[jax.Array] = None,
+                             decoder_params: Optional[Mapping[str, Any]] = None,
+                             return_all_decodes: bool = False, num_decodes: int = 1,
+                             prompt_with_targets: bool = False,
+                             flax_mutables: Any = None) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+    """T5X's signature: -> (decodes [batch, max_decode_length], per-example aux).
+
+    `decoder_params['decode_rng']`, if given, replaces `rng` (as in T5X). One decode per
+    example and no decoder prompt: the paper's setting.
+    """
+    del flax_mutables  # T5 has no mutable collections at inference.
+    if return_all_decodes or (num_decodes or 1) != 1:
+      raise NotImplementedError('Speculative decoding returns one decode per example '
+                                f'(num_decodes={num_decodes}, return_all_decodes='
+                                f'{return_all_decodes}).')
+    if prompt_with_targets:
+      raise NotImplementedError('prompt_with_targets is not supported.')
+    rng = dict(decoder_params or {}).get('decode_rng', rng)
+    decodes, aux, batch_stats = self.predict_batch_with_stats(params, batch, rng=rng)
+    # T5X's infer keeps no run-level statistics: add each batch's to the run's on the host.
+    real = jnp.any(jnp.asarray(batch['encoder_input_tokens']) != 0, axis=1)  # [batch]
+    del batch_stats  # Its histogram counts the rows T5X pads a last batch with.
+    jax.debug.callback(self._add_run_stats, aux, real)
+    return decodes, aux
+
+  def _add_run_stats(self, aux: Mapping[str, Any], real: Any) -> None:
+    """Adds one batch's per-example statistics (rows that T5X padded in excluded) to the
+    run's totals and logs the run's alpha and tokens per target call so far."""
+    real = np.asarray(real, bool)
+    totals = self._run_totals
+    for k in PER_EXAMPLE_STATS:
+      totals[k] = totals.get(k, 0) + int(np.sum(np.asarray(aux[k])[real]))
+    totals['examples'] = totals.get('examples', 0) + int(real.sum())
+    stats = self.run_stats()
+    logging.info('specdec_t5x: %d examples: alpha %s, %s tokens per target call '
+                 '(%d generated tokens, %d target calls, gamma %s)', totals['examples'],
+                 _fmt(stats['alpha_empirical']), _fmt(stats['mean_tokens_per_target_call']),
+                 stats['generated_tokens'], stats['target_calls'],
+                 self.gamma if self.is_speculative else None)
+
+  def run_stats(self) -> Dict[str, Any]:
+    """The speculative statistics of every `predict_batch_with_aux` call so far (what
+    `python -m t5x.infer` logs), as `summarize_stats` gives them."""
+    return dict(summarize_stats(self._run_totals),
+                examples=self._run_totals.get('examples', 0))
+
+  def predict_batch(self, params: Any, batch: Mapping[str, Any],
+                    rng: Optional[jax.Array] = None, **unused) -> jax.Array:
+    return self.predict_batch_with_aux(params, batch, rng=rng)[0]
+
+  def score_batch(self, *args, **kwargs):
+    raise NotImplementedError("Speculative decoding only predicts; use mode='predict'.")
+
+
+_DRAFT_DEFAULTS = dict(draft_config=None, draft_module=None, draft_checkpoint=None,
+                       draft_params=None, draft_vocabulary=None, gamma=4, temperature=0.0,
+                       topk=0, topp=0.0, max_decode_length=None, lenience=1.0,
+                       verifier='token', gamma_alpha=None)
+
+
+class StandaloneSpeculativeModel(_SpeculativeMixin):
+  """The model without T5X: same constructor and predict methods as the T5X subclass.
+
+  Args:
+    module: target Transformer (ours, or any module with a T5 `config`).
+    input_vocabulary, output_vocabulary: the target's seqio vocabularies (None: the task's).
+    optimizer_def: accepted for T5X compatibility; unused.
+    draft_config: T5Config of a draft Transformer; or `draft_module` for another draft
+      (e.g. drafts.BigramDraft); neither = autoregressive baseline.
+    draft_checkpoint: T5X checkpoint of the draft (loaded by `restore_draft`).
+    draft_params: draft parameters, instead of a checkpoint.
+    draft_vocabulary: the draft's vocabulary, checked to be the target's.
+    gamma, temperature, topk, topp, lenience, verifier: see `specdec_t5x.generate`;
+      gamma='auto' picks gamma at the first batch from call costs measured then
+      (auto_gamma.py) and alpha `gamma_alpha` (None: a warm-up decode of that batch).
+    max_decode_length: decoder tokens per example; None = batch['decoder_input_tokens']
+      length (T5X's convention).
+  """
+
+  def __init__(self, module: Any, input_vocabulary: Any = None, output_vocabulary: Any = None,
+               optimizer_def: Any = None, **speculative: Any):
+    unknown = set(speculative) - set(_DRAFT_DEFAULTS)
+    if unknown:
+      raise TypeError(f'Unknown arguments: {sorted(unknown)}')
+    self.module = module
+    self.input_vocabulary = input_vocabulary
+    self.output_vocabulary = output_vocabulary
+    self.optimizer_def = optimizer_def
+    self._init_speculative(**{**_DRAFT_DEFAULTS, **speculative})
+
+
+if t5x_models is not None:
+
+  class SpeculativeEncoderDecoderModel(_SpeculativeMixin, t5x_models.EncoderDecoderModel):
+    """T5X's EncoderDecoderModel with speculative `predict_batch_with_aux` (see module doc).
+
+    Extra keyword arguments are StandaloneSpeculativeModel's; the rest go to T5X.
+    """
+
+    def __init__(self, module: Any, input_vocabulary: Any, output_vocabulary: Any,
+                 optimizer_def: Any = None, **kwargs: Any):
+      speculative = {k: kwargs.pop(k) for k in list(kwargs) if k in _DRAFT_DEFAULTS}
+      t5x_models.EncoderDecoderModel.__init__(
+          self, module=module, input_vocabulary=input_vocabulary,
+          output_vocabulary=output_vocabulary, optimizer_def=optimizer_def, **kwargs)
+      self._init_speculative(**{**_DRAFT_DEFAULTS, **speculative})
+
+else:
+  SpeculativeEncoderDecoderModel = StandaloneSpeculativeModel
