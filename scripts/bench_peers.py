@@ -26,11 +26,11 @@ import transformers
 
 from specdec_t5x.algorithm import sampling, timing
 from specdec_t5x.research import benchmarking, evaluation
-from specdec_t5x.integration.checkpoints import hf_model_from_params
+from specdec_t5x.integration.hf_convert import hf_model_from_params
 
 
 def to_hf(config, params) -> transformers.T5ForConditionalGeneration:
-  """Our model as a HF model with the same weights (checkpoints.hf_model_from_params)."""
+  """Our model as a HF model with the same weights (hf_convert.hf_model_from_params)."""
   return hf_model_from_params(params, config)
 
 

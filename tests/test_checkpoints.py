@@ -6,6 +6,8 @@ written here by hand with raw tensorstore + msgpack, independently of `save_para
 
 import dataclasses
 import os
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import msgpack
@@ -14,7 +16,7 @@ import pytest
 import tensorstore as ts
 from flax import traverse_util
 
-from specdec_t5x.integration import checkpoints
+from specdec_t5x.integration import checkpoints, param_tree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +39,7 @@ def random_params(config=TinyConfig(), seed=0):
   rng = np.random.default_rng(seed)
   return traverse_util.unflatten_dict({
       k: rng.standard_normal(s).astype(np.float32)
-      for k, s in checkpoints.expected_shapes(config).items()})
+      for k, s in param_tree.expected_shapes(config).items()})
 
 
 def flat(tree):
@@ -104,11 +106,11 @@ def test_expected_shapes_count_t5_1_1_sizes():
                      num_decoder_layers=8, head_dim=64, mlp_dim=1024)
   base = dataclasses.replace(small, emb_dim=768, num_heads=12, num_encoder_layers=12,
                              num_decoder_layers=12, mlp_dim=2048)
-  count = lambda c: sum(np.prod(s) for s in checkpoints.expected_shapes(c).values())
+  count = lambda c: sum(np.prod(s) for s in param_tree.expected_shapes(c).values())
   assert round(count(small) / 1e6) == 77
   assert round(count(base) / 1e6) == 248
-  relu = checkpoints.expected_shapes(TinyConfig(mlp_activations=('relu',),
-                                                logits_via_embedding=True))
+  relu = param_tree.expected_shapes(TinyConfig(mlp_activations=('relu',),
+                                               logits_via_embedding=True))
   assert ('encoder', 'layers_0', 'mlp', 'wi', 'kernel') in relu
   assert ('decoder', 'logits_dense', 'kernel') not in relu
 
@@ -247,3 +249,13 @@ def test_config_mismatch_names_the_parameter(tmp_path):
     checkpoints.load_params(path, config=TinyConfig())
   with pytest.raises(ValueError, match=r"decoder/layers_0/mlp/wi/kernel.*None"):
     checkpoints.load_params(path, config=TinyConfig(mlp_activations=('relu',)))
+
+
+def test_checkpoint_modules_import_without_torch():
+  """T5X checkpoints need no torch: HF conversion imports torch/safetensors lazily."""
+  code = ('import sys\n'
+          'import specdec_t5x.integration.checkpoints, specdec_t5x.integration.hf_convert\n'
+          'print(sorted(m for m in ("torch", "transformers", "safetensors") if m in sys.modules))')
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                       check=True).stdout.strip().splitlines()[-1]
+  assert out == '[]', f'importing the checkpoint modules loaded {out}'

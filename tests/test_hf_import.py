@@ -1,4 +1,4 @@
-"""Tests for the Hugging Face T5 <-> T5X parameter mapping in specdec_t5x.checkpoints.
+"""Tests for specdec_t5x.integration.hf_convert: Hugging Face T5 <-> T5X parameter trees.
 
 Hermetic: tiny random `T5ForConditionalGeneration` models built in the test; nothing
 is downloaded. (Logits parity against our network lives with the network's tests.)
@@ -10,7 +10,7 @@ import types
 import numpy as np
 import pytest
 
-from specdec_t5x.integration import checkpoints
+from specdec_t5x.integration import hf_convert
 
 torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')
@@ -33,7 +33,7 @@ def tiny_hf_model(variant, seed=0):
 
 def our_config(model):
   return types.SimpleNamespace(dtype='float32',
-                               **checkpoints.t5_config_from_hf(model.config.to_dict()))
+                               **hf_convert.t5_config_from_hf(model.config.to_dict()))
 
 
 @pytest.mark.parametrize('variant', sorted(VARIANTS))
@@ -53,8 +53,8 @@ def test_state_dict_round_trip(variant):
   model = tiny_hf_model(variant)
   cfg = our_config(model)
   sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
-  params = checkpoints.params_from_hf_state_dict(model.state_dict(), cfg)
-  back = checkpoints.hf_state_dict_from_params(params, cfg)
+  params = hf_convert.params_from_hf_state_dict(model.state_dict(), cfg)
+  back = hf_convert.hf_state_dict_from_params(params, cfg)
   assert back.keys() == sd.keys()
   for key in sd:
     np.testing.assert_array_equal(back[key], sd[key], err_msg=key)
@@ -70,7 +70,7 @@ def test_state_dict_round_trip(variant):
 def test_bfloat16_torch_weights_are_exact():
   model = tiny_hf_model('v1_1').to(torch.bfloat16)
   cfg = our_config(model)
-  params = checkpoints.params_from_hf_state_dict(model.state_dict(), cfg)
+  params = hf_convert.params_from_hf_state_dict(model.state_dict(), cfg)
   kernel = params['encoder']['layers_1']['mlp']['wi_1']['kernel']
   want = model.state_dict()['encoder.block.1.layer.1.DenseReluDense.wi_1.weight'].float()
   assert kernel.dtype.name == 'bfloat16'
@@ -81,10 +81,10 @@ def test_mismatched_config_is_rejected():
   model = tiny_hf_model('v1_1')
   cfg = our_config(model)
   with pytest.raises(ValueError, match='decoder.block.3'):
-    checkpoints.params_from_hf_state_dict(
+    hf_convert.params_from_hf_state_dict(
         model.state_dict(), types.SimpleNamespace(**{**vars(cfg), 'num_decoder_layers': 4}))
   with pytest.raises(ValueError, match='does not account for'):
-    checkpoints.params_from_hf_state_dict(
+    hf_convert.params_from_hf_state_dict(
         model.state_dict(), types.SimpleNamespace(**{**vars(cfg), 'num_decoder_layers': 2}))
 
 
@@ -98,11 +98,11 @@ def test_load_hf_checkpoint_from_local_dir(tmp_path, variant, weights):
   else:
     torch.save(model.state_dict(), tmp_path / 'pytorch_model.bin')
     (tmp_path / 'config.json').write_text(json.dumps(model.config.to_dict()))
-  params, got_cfg = checkpoints.load_hf_checkpoint(tmp_path, config=cfg)
+  params, got_cfg = hf_convert.load_hf_checkpoint(tmp_path, config=cfg)
   assert got_cfg is cfg
-  want = checkpoints.params_from_hf_state_dict(model.state_dict(), cfg)
-  flat_got = checkpoints.traverse_util.flatten_dict(params)
-  flat_want = checkpoints.traverse_util.flatten_dict(want)
+  want = hf_convert.params_from_hf_state_dict(model.state_dict(), cfg)
+  flat_got = hf_convert.traverse_util.flatten_dict(params)
+  flat_want = hf_convert.traverse_util.flatten_dict(want)
   assert flat_got.keys() == flat_want.keys()
   for key in flat_want:
     np.testing.assert_array_equal(flat_got[key], flat_want[key], err_msg=str(key))
@@ -112,7 +112,7 @@ def test_load_hf_checkpoint_builds_t5config(tmp_path):
   network = pytest.importorskip('specdec_t5x.network')
   model = tiny_hf_model('v1_1')
   model.save_pretrained(tmp_path)
-  params, cfg = checkpoints.load_hf_checkpoint(tmp_path)
+  params, cfg = hf_convert.load_hf_checkpoint(tmp_path)
   assert isinstance(cfg, network.T5Config)
   assert cfg.mlp_activations == ('gelu', 'linear') and not cfg.logits_via_embedding
   assert params['decoder']['logits_dense']['kernel'].shape == (16, 40)
@@ -120,6 +120,6 @@ def test_load_hf_checkpoint_builds_t5config(tmp_path):
 
 def test_missing_hf_dir_raises(tmp_path):
   with pytest.raises(FileNotFoundError):
-    checkpoints.load_hf_checkpoint(tmp_path / 'nope')
+    hf_convert.load_hf_checkpoint(tmp_path / 'nope')
   with pytest.raises(FileNotFoundError, match='model.safetensors'):
-    checkpoints.load_hf_checkpoint(tmp_path, config=types.SimpleNamespace())
+    hf_convert.load_hf_checkpoint(tmp_path, config=types.SimpleNamespace())

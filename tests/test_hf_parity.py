@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import make_model, random_inputs, tiny_config
-from specdec_t5x.integration.checkpoints import hf_model_from_params
+from specdec_t5x.integration.hf_convert import hf_model_from_params
 
 
 @pytest.mark.parametrize('v11', [True, False], ids=['v1.1', 'v1.0'])

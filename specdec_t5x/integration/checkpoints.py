@@ -1,4 +1,4 @@
-"""T5X checkpoints (native msgpack + zarr, and Orbax) read/write; Hugging Face T5 import.
+"""T5X checkpoints (native msgpack + zarr, and Orbax) read/write.
 
 The parameter tree is T5X's (t5x/examples/t5/network.py): nested dicts whose leaves are
 numpy arrays, kernels stored 2-D as [in, out]. Format facts followed here (from
@@ -15,9 +15,11 @@ t5x/checkpoints.py and T5X's own test checkpoints):
   Version 3 stores bfloat16 natively; version 2 stored it as uint16.
 * Orbax (newer T5X): `checkpoint_<step>/state/` is a PyTreeCheckpointHandler item holding
   the same state dict ({'target': ..., 'state': ...}).
+
+The tree's names and shapes (`expected_shapes`, `validate_params`) live in param_tree.py;
+Hugging Face T5 weights are converted in hf_convert.py.
 """
 
-import glob
 import json
 import math
 import os
@@ -31,71 +33,12 @@ import numpy as np
 import tensorstore as ts
 from flax import serialization, traverse_util
 
+from specdec_t5x.integration.param_tree import Params, Path, validate_params
+
 VERSION = 3
-NUM_BUCKETS = 32  # T5's relative position buckets (max distance 128).
 _CHUNK_BYTES = 64 * 1024 * 1024  # T5X's _DESIRED_CHUNK_SIZE_BYTES.
 _STEP_DIR = re.compile(r'checkpoint_(\d+)$')
 _ORBAX = ('_METADATA', 'manifest.ocdbt', '_sharding')  # Files of an Orbax PyTree dir.
-
-Path = tuple[str, ...]
-Params = dict[str, Any]
-
-
-# ------------------------------------------------------------------------ shapes
-
-
-# Per stack: (T5X attention module, its pre-layer-norm, HF module); HF sub-layer j = index.
-_ATTENTION = {
-    'encoder': (('attention', 'pre_attention_layer_norm', 'SelfAttention'),),
-    'decoder': (('self_attention', 'pre_self_attention_layer_norm', 'SelfAttention'),
-                ('encoder_decoder_attention', 'pre_cross_attention_layer_norm',
-                 'EncDecAttention')),
-}
-_QKVO = (('query', 'q'), ('key', 'k'), ('value', 'v'), ('out', 'o'))
-
-
-def _mlp_in_names(config: Any) -> tuple[str, ...]:
-  """T5X's MlpBlock names: 'wi' for one activation, 'wi_0', 'wi_1', ... for gated."""
-  n = len(tuple(config.mlp_activations))
-  return ('wi',) if n == 1 else tuple(f'wi_{i}' for i in range(n))
-
-
-def _num_layers(config: Any, stack: str) -> int:
-  return config.num_encoder_layers if stack == 'encoder' else config.num_decoder_layers
-
-
-def expected_shapes(config: Any) -> dict[Path, tuple[int, ...]]:
-  """Parameter path -> shape of T5X's T5 tree, for any object with T5Config's fields."""
-  emb, mlp, heads = config.emb_dim, config.mlp_dim, config.num_heads
-  inner = heads * config.head_dim
-  shapes = {('token_embedder', 'embedding'): (config.vocab_size, emb)}  # [vocab, emb]
-  for stack in _ATTENTION:
-    shapes[(stack, 'relpos_bias', 'rel_embedding')] = (heads, NUM_BUCKETS)  # [heads, buckets]
-    for i in range(_num_layers(config, stack)):
-      layer = (stack, f'layers_{i}')
-      for name, norm, _ in _ATTENTION[stack]:
-        shapes[layer + (norm, 'scale')] = (emb,)
-        for proj, _ in _QKVO:  # [emb, heads * head_dim]; out: [heads * head_dim, emb]
-          shapes[layer + (name, proj, 'kernel')] = (inner, emb) if proj == 'out' else (emb, inner)
-      shapes[layer + ('pre_mlp_layer_norm', 'scale')] = (emb,)
-      for wi in _mlp_in_names(config):
-        shapes[layer + ('mlp', wi, 'kernel')] = (emb, mlp)  # [emb, mlp]
-      shapes[layer + ('mlp', 'wo', 'kernel')] = (mlp, emb)  # [mlp, emb]
-    shapes[(stack, f'{stack}_norm', 'scale')] = (emb,)
-  if not config.logits_via_embedding:
-    shapes[('decoder', 'logits_dense', 'kernel')] = (emb, config.vocab_size)  # [emb, vocab]
-  return shapes
-
-
-def validate_params(params: Mapping[str, Any], config: Any) -> None:
-  """Raises ValueError naming the first parameter whose presence or shape differs."""
-  want = expected_shapes(config)
-  got = {k: tuple(np.shape(v)) for k, v in traverse_util.flatten_dict(params).items()}
-  for key in sorted(set(want) | set(got)):
-    if want.get(key) != got.get(key):
-      raise ValueError(
-          f"Parameter '{'/'.join(key)}': checkpoint has shape {got.get(key)}, config "
-          f'expects {want.get(key)} (None = absent).')
 
 
 # ------------------------------------------------------------------ native write
@@ -350,7 +293,8 @@ def load_params(path: str, dtype: Any = None, config: Any = None) -> Params:
   Args:
     path: where the checkpoint is (local filesystem).
     dtype: cast every floating parameter to this dtype; None keeps the stored dtype.
-    config: when given (T5Config-like), the tree must match `expected_shapes(config)`.
+    config: when given (T5Config-like), the tree must match
+      `param_tree.expected_shapes(config)`.
 
   Returns:
     The nested params dict of numpy arrays.
@@ -370,183 +314,3 @@ def load_params(path: str, dtype: Any = None, config: Any = None) -> Params:
   if config is not None:
     validate_params(params, config)
   return params
-
-
-# ------------------------------------------------------------------ Hugging Face
-
-
-def _hf_pairs(config: Any) -> list[tuple[str, Path, bool]]:
-  """(HF key, T5X path, transpose?) for every parameter; torch Linear is [out, in]."""
-  pairs = [('shared.weight', ('token_embedder', 'embedding'), False)]
-  for stack, blocks in _ATTENTION.items():
-    pairs.append((f'{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight',
-                  (stack, 'relpos_bias', 'rel_embedding'), True))  # [buckets, heads]
-    for i in range(_num_layers(config, stack)):
-      hf, layer = f'{stack}.block.{i}.layer', (stack, f'layers_{i}')
-      for j, (name, norm, module) in enumerate(blocks):
-        pairs += [(f'{hf}.{j}.{module}.{short}.weight', layer + (name, proj, 'kernel'), True)
-                  for proj, short in _QKVO]
-        pairs.append((f'{hf}.{j}.layer_norm.weight', layer + (norm, 'scale'), False))
-      j = len(blocks)
-      pairs += [(f'{hf}.{j}.DenseReluDense.{w}.weight', layer + ('mlp', w, 'kernel'), True)
-                for w in _mlp_in_names(config) + ('wo',)]
-      pairs.append((f'{hf}.{j}.layer_norm.weight', layer + ('pre_mlp_layer_norm', 'scale'),
-                    False))
-    pairs.append((f'{stack}.final_layer_norm.weight', (stack, f'{stack}_norm', 'scale'), False))
-  if not config.logits_via_embedding:
-    pairs.append(('lm_head.weight', ('decoder', 'logits_dense', 'kernel'), True))
-  return pairs
-
-
-def _to_numpy(x: Any) -> np.ndarray:
-  """Torch tensor or array -> numpy, keeping bfloat16 bit-exact."""
-  if hasattr(x, 'detach'):
-    x = x.detach().cpu()
-    if str(x.dtype) == 'torch.bfloat16':
-      import torch  # pylint: disable=g-import-not-at-top
-      return x.view(torch.int16).numpy().view(jnp.bfloat16)
-    return x.numpy()
-  return np.asarray(x)
-
-
-# Keys that HF state dicts carry as aliases of others (tied) or that HF itself ignores.
-_HF_ALIASES = ('encoder.embed_tokens.weight', 'decoder.embed_tokens.weight', 'lm_head.weight',
-               'decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight')
-
-
-def params_from_hf_state_dict(state_dict: Mapping[str, Any], config: Any) -> Params:
-  """Maps a HF `T5ForConditionalGeneration` state dict (torch or numpy) onto T5X's tree.
-
-  Tied keys may be absent (as in `save_pretrained` files): a missing `lm_head.weight` is
-  `shared.weight`. `config.logits_via_embedding` picks tied (v1.0) or logits_dense (v1.1).
-  Returns numpy arrays in HF's dtype (bfloat16 kept bit-exact).
-  """
-  sd = dict(state_dict)
-  if 'lm_head.weight' not in sd and 'shared.weight' in sd:
-    sd['lm_head.weight'] = sd['shared.weight']
-  flat, used = {}, set()
-  for hf_key, path, transpose in _hf_pairs(config):
-    if hf_key not in sd:
-      raise ValueError(f'HF state dict lacks {hf_key!r} (needed for {"/".join(path)})')
-    arr = _to_numpy(sd[hf_key])
-    flat[path] = np.ascontiguousarray(arr.T) if transpose else arr
-    used.add(hf_key)
-  if config.logits_via_embedding and not np.array_equal(
-      _to_numpy(sd['lm_head.weight']), flat[('token_embedder', 'embedding')]):
-    raise ValueError('config ties logits to the embedding (logits_via_embedding=True) but '
-                     'lm_head.weight differs from shared.weight')
-  unused = sorted(set(sd) - used - set(_HF_ALIASES))
-  if unused:
-    raise ValueError(f'HF state dict has keys the config does not account for: {unused[:5]}')
-  params = traverse_util.unflatten_dict(flat)
-  validate_params(params, config)
-  return params
-
-
-def hf_state_dict_from_params(params: Mapping[str, Any], config: Any) -> dict[str, np.ndarray]:
-  """Inverse of `params_from_hf_state_dict`: every key of HF's `model.state_dict()`.
-
-  Note: transformers >= 5 always ties `lm_head` to `shared`; to load a v1.1 tree whose
-  logits_dense differs, assign `lm_head.weight` as a fresh parameter after loading.
-  """
-  flat = traverse_util.flatten_dict(params)
-  sd = {}
-  for hf_key, path, transpose in _hf_pairs(config):
-    arr = np.asarray(flat[path])
-    sd[hf_key] = np.ascontiguousarray(arr.T) if transpose else arr
-  for alias in ('encoder.embed_tokens.weight', 'decoder.embed_tokens.weight'):
-    sd[alias] = sd['shared.weight']
-  sd.setdefault('lm_head.weight', sd['shared.weight'])
-  return sd
-
-
-def t5_config_from_hf(hf_config: Mapping[str, Any]) -> dict[str, Any]:
-  """T5Config kwargs from a HF T5 `config.json` dict.
-
-  Logits are tied-and-scaled (T5X's logits_via_embedding) when HF scales decoder outputs:
-  `scale_decoder_outputs` in transformers >= 5, `tie_word_embeddings` before.
-  """
-  fixed = (hf_config.get('relative_attention_num_buckets', NUM_BUCKETS),
-           hf_config.get('relative_attention_max_distance', 128),
-           hf_config.get('layer_norm_epsilon', 1e-6))
-  if fixed != (NUM_BUCKETS, 128, 1e-6):
-    raise ValueError(f'T5X fixes (buckets, max distance, layer-norm eps) = (32, 128, 1e-6); '
-                     f'this config has {fixed}')
-  proj = hf_config.get('feed_forward_proj', 'relu').split('-')
-  act = {'gelu_new': 'gelu', 'gelu_pytorch_tanh': 'gelu'}.get(proj[-1], proj[-1])
-  scale = hf_config.get('scale_decoder_outputs', hf_config.get('tie_word_embeddings', True))
-  return dict(
-      vocab_size=hf_config['vocab_size'],
-      emb_dim=hf_config['d_model'],
-      num_heads=hf_config['num_heads'],
-      num_encoder_layers=hf_config['num_layers'],
-      num_decoder_layers=hf_config.get('num_decoder_layers') or hf_config['num_layers'],
-      head_dim=hf_config['d_kv'],
-      mlp_dim=hf_config['d_ff'],
-      mlp_activations=(act, 'linear') if proj[0] == 'gated' else (act,),
-      dropout_rate=hf_config.get('dropout_rate', 0.1),
-      logits_via_embedding=bool(scale),
-  )
-
-
-def _read_hf_weights(path: str) -> dict[str, Any]:
-  """Reads model.safetensors (single or sharded) or pytorch_model.bin from `path`."""
-  index = os.path.join(path, 'model.safetensors.index.json')
-  single = os.path.join(path, 'model.safetensors')
-  if os.path.isfile(index) or os.path.isfile(single):
-    from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
-    files = [single]
-    if os.path.isfile(index):
-      with open(index) as f:
-        files = sorted({os.path.join(path, v) for v in json.load(f)['weight_map'].values()})
-    return {k: v for file in files for k, v in load_file(file).items()}
-  bins = sorted(glob.glob(os.path.join(path, 'pytorch_model*.bin')))
-  if bins:
-    import torch  # pylint: disable=g-import-not-at-top
-    return {k: v for b in bins
-            for k, v in torch.load(b, map_location='cpu', weights_only=True).items()}
-  raise FileNotFoundError(f'{path} has no model.safetensors or pytorch_model.bin')
-
-
-def load_hf_checkpoint(path: str, config: Any = None) -> tuple[Params, Any]:
-  """Loads a local HF T5 model directory (never the hub) as (params, config).
-
-  `path` is a `save_pretrained` directory: config.json plus model.safetensors (possibly
-  sharded) or pytorch_model.bin. When `config` is None, a `network.T5Config` is built from
-  config.json with `t5_config_from_hf`.
-  """
-  path = os.fspath(path)
-  if not os.path.isdir(path):
-    raise FileNotFoundError(f'HF model directory does not exist: {path}')
-  if config is None:
-    from specdec_t5x.algorithm.network import T5Config  # pylint: disable=g-import-not-at-top
-    with open(os.path.join(path, 'config.json')) as f:
-      config = T5Config(**t5_config_from_hf(json.load(f)))
-  return params_from_hf_state_dict(_read_hf_weights(path), config), config
-
-
-def hf_model_from_params(params: Params, config: Any):
-  """A Hugging Face `T5ForConditionalGeneration` (PyTorch, eval mode) with our weights.
-
-  Handles v1.1 (own logits layer: transformers >= 5 ties lm_head to `shared` by default,
-  so it is untied first) and tied-and-scaled logits (v1.0 / logits_via_embedding).
-  Needs torch and transformers (test extras).
-  """
-  import torch  # pylint: disable=g-import-not-at-top
-  import transformers  # pylint: disable=g-import-not-at-top
-  tied = bool(config.logits_via_embedding)
-  hf_config = transformers.T5Config(
-      vocab_size=config.vocab_size, d_model=config.emb_dim, d_kv=config.head_dim,
-      d_ff=config.mlp_dim, num_layers=config.num_encoder_layers,
-      num_decoder_layers=config.num_decoder_layers, num_heads=config.num_heads,
-      feed_forward_proj='gated-gelu' if len(config.mlp_activations) == 2 else 'relu',
-      dropout_rate=0.0, relative_attention_num_buckets=32, relative_attention_max_distance=128,
-      layer_norm_epsilon=1e-6, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
-      tie_word_embeddings=tied, scale_decoder_outputs=tied)
-  model = transformers.T5ForConditionalGeneration(hf_config).eval()
-  state = {k: torch.from_numpy(np.array(v, np.float32))
-           for k, v in hf_state_dict_from_params(params, config).items()}
-  if not tied:
-    model.lm_head.weight = torch.nn.Parameter(state['lm_head.weight'].clone())
-  model.load_state_dict(state, strict=True)
-  return model
