@@ -23,7 +23,8 @@ The self-attention cache has one extra leading slot for position -1 (physical sl
 position + 1). Keys at negative positions are always masked; it lets a caller write
 "the token before BOS" without a special case (see decoding.py).
 
-Shapes use T5X's bracket comments: `# [batch, length, emb]`.
+Its building blocks (dense, RMS norm, attention, MLP, embedding, relative-position bias)
+are in layers.py. Shapes use T5X's bracket comments: `# [batch, length, emb]`.
 """
 
 from __future__ import annotations
@@ -32,14 +33,15 @@ import dataclasses
 from typing import Any, Sequence
 
 import flax.linen as nn
-from flax.linen import partitioning as nn_partitioning
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-NUM_BUCKETS = 32
-MAX_DISTANCE = 128
-NEG_INF = -1e10
+from specdec_t5x.algorithm.layers import (Attention, Dense, Embed, MlpBlock,
+                                          RelativePositionBias, RMSNorm, kernel_init,
+                                          mask_to_bias, pairwise)
+# Re-exported: callers read the bucketing and its constants as network's.
+from specdec_t5x.algorithm.layers import (MAX_DISTANCE, NEG_INF, NUM_BUCKETS,  # noqa: F401
+                                          relative_position_bucket)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,167 +61,6 @@ class T5Config:
   # Attention logits and softmax in float32 even when `dtype` is bfloat16 (T5X's flag;
   # off in T5X's configs, so off here: bfloat16 logits equal T5X's bit for bit).
   float32_attention_logits: bool = False
-
-
-def _act(name: str):
-  if name == 'linear':
-    return lambda x: x
-  if name == 'gelu':
-    return nn.gelu  # tanh approximation, as T5X and HF's "gelu_new"
-  return getattr(nn, name)
-
-
-def _param(module: nn.Module, name: str, init, shape, axes: Sequence[str]):
-  """A float32 parameter of `module` that also records its logical axis names.
-
-  The names go to the `params_axes` collection as `<name>_axes` (flax's partitioning
-  metadata), which T5X's partitioner maps to mesh axes.
-  """
-  if len(axes) != len(shape):
-    raise ValueError(f'Parameter {name!r} of shape {shape} needs {len(shape)} logical axis '
-                     f'names, got {tuple(axes)}.')
-  return nn_partitioning.param_with_axes(name, init, shape, jnp.float32, axes=tuple(axes),
-                                         module=module)
-
-
-class Dense(nn.Module):
-  """A bias-free dense layer whose kernel is stored 2-D as [in, out], as in T5X."""
-  features: int
-  dtype: Any = jnp.float32
-  kernel_init: Any = nn.initializers.variance_scaling(1.0, 'fan_in', 'truncated_normal')
-  kernel_axes: Sequence[str] = ('embed', 'mlp')  # logical names of [in, out]
-
-  @nn.compact
-  def __call__(self, x):
-    kernel = _param(self, 'kernel', self.kernel_init, (x.shape[-1], self.features),
-                    self.kernel_axes)
-    return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
-
-
-class RMSNorm(nn.Module):
-  """T5 layer norm: no mean subtraction, no bias.
-
-  Normalised in float32, then cast to `dtype` before the scale multiplies (in `dtype`),
-  as T5X does: in bfloat16 that is two roundings, and T5X's logits depend on them.
-  """
-  dtype: Any = jnp.float32
-  epsilon: float = 1e-6
-
-  @nn.compact
-  def __call__(self, x):
-    scale = _param(self, 'scale', nn.initializers.ones, (x.shape[-1],), ('embed',))
-    x = x.astype(jnp.float32)
-    y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.epsilon)
-    return y.astype(self.dtype) * scale.astype(self.dtype)
-
-
-def relative_position_bucket(relative_position, bidirectional: bool,
-                             num_buckets: int = NUM_BUCKETS, max_distance: int = MAX_DISTANCE):
-  """T5's bucketing of (key position - query position), as in T5X (numpy or jnp)."""
-  xp = jnp if isinstance(relative_position, jax.Array) else np
-  n = -relative_position
-  ret = 0
-  if bidirectional:
-    num_buckets //= 2
-    ret = (n < 0).astype(np.int32) * num_buckets
-    n = xp.abs(n)
-  else:
-    n = xp.maximum(n, 0)
-  max_exact = num_buckets // 2
-  is_small = n < max_exact
-  scale = (num_buckets - max_exact) / np.log(max_distance / max_exact)
-  large = max_exact + (xp.log(n.astype(np.float32) / max_exact + np.finfo(np.float32).eps)
-                       * scale).astype(np.int32)
-  large = xp.minimum(large, num_buckets - 1)
-  return ret + xp.where(is_small, n, large)
-
-
-class RelativePositionBias(nn.Module):
-  """One bias table per stack, shared by its layers: `rel_embedding [heads, buckets]`."""
-  num_heads: int
-  bidirectional: bool
-  dtype: Any = jnp.float32
-
-  @nn.compact
-  def __call__(self, query_pos, key_pos):
-    """query_pos [batch, q], key_pos [batch or 1, k] -> bias [batch, heads, q, k]."""
-    table = _param(self, 'rel_embedding', nn.initializers.variance_scaling(1.0, 'fan_avg', 'uniform'),
-                   (self.num_heads, NUM_BUCKETS), ('heads', 'relpos_buckets'))
-    buckets = relative_position_bucket(key_pos[:, None, :] - query_pos[:, :, None],
-                                       self.bidirectional)  # [batch, q, k]
-    bias = jnp.take(table, buckets, axis=1)  # [heads, batch, q, k]
-    return jnp.transpose(bias, (1, 0, 2, 3)).astype(self.dtype)
-
-
-def _kernel_init(scale: float = 1.0):
-  return nn.initializers.variance_scaling(scale, 'fan_in', 'truncated_normal')
-
-
-class Attention(nn.Module):
-  """Multi-head dot-product attention without 1/sqrt(d) scaling (folded into init).
-
-  Attention logits, bias addition and softmax run in `dtype` unless `float32_logits`
-  (T5X's casts: with bfloat16 and the flag off, as in T5X's configs, they are bfloat16).
-  """
-  num_heads: int
-  head_dim: int
-  out_dim: int
-  dtype: Any = jnp.float32
-  dropout_rate: float = 0.0
-  float32_logits: bool = False
-
-  def setup(self):
-    inner = self.num_heads * self.head_dim
-    # T5X folds the 1/sqrt(head_dim) query scaling into the query initialiser.
-    qkv_axes = ('embed', 'joined_kv')
-    self.query = Dense(inner, self.dtype, _kernel_init(1.0 / self.head_dim), qkv_axes)
-    self.key = Dense(inner, self.dtype, _kernel_init(), qkv_axes)
-    self.value = Dense(inner, self.dtype, _kernel_init(), qkv_axes)
-    self.out = Dense(self.out_dim, self.dtype, _kernel_init(), ('joined_kv', 'embed'))
-    self.dropout = nn.Dropout(self.dropout_rate)
-
-  def _split(self, x):
-    return x.reshape(x.shape[:-1] + (self.num_heads, self.head_dim))  # [b, len, heads, d]
-
-  def project_q(self, x):
-    return self._split(self.query(x))
-
-  def project_kv(self, x):
-    return self._split(self.key(x)), self._split(self.value(x))
-
-  def attend(self, q, k, v, bias, deterministic: bool = True):
-    """q [b, q, h, d], k/v [b, k, h, d], bias [b or 1, h or 1, q, k] (mask folded in)."""
-    if self.float32_logits:
-      q, k = q.astype(jnp.float32), k.astype(jnp.float32)
-    logits = jnp.einsum('bqhd,bkhd->bhqk', q, k)  # [b, h, q, k]
-    logits = logits + bias.astype(logits.dtype)
-    weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
-    weights = self.dropout(weights, deterministic=deterministic)
-    out = jnp.einsum('bhqk,bkhd->bqhd', weights, v)
-    return self.out(out.reshape(out.shape[:2] + (self.num_heads * self.head_dim,)))
-
-  def __call__(self, inputs_q, inputs_kv, bias, deterministic: bool = True):
-    k, v = self.project_kv(inputs_kv)
-    return self.attend(self.project_q(inputs_q), k, v, bias, deterministic)
-
-
-class MlpBlock(nn.Module):
-  """Gated (v1.1: gelu * linear) or plain (v1.0: relu) feed-forward block."""
-  mlp_dim: int
-  activations: Sequence[str]
-  dtype: Any = jnp.float32
-  dropout_rate: float = 0.0
-
-  @nn.compact
-  def __call__(self, x, deterministic: bool = True):
-    h = None
-    for i, name in enumerate(self.activations):
-      dense_name = 'wi' if len(self.activations) == 1 else f'wi_{i}'
-      y = _act(name)(Dense(self.mlp_dim, self.dtype, _kernel_init(), ('embed', 'mlp'),
-                           name=dense_name)(x))
-      h = y if h is None else h * y
-    h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
-    return Dense(x.shape[-1], self.dtype, _kernel_init(), ('mlp', 'embed'), name='wo')(h)
 
 
 def _attention(cfg: T5Config, **kwargs) -> Attention:
@@ -288,42 +129,6 @@ class DecoderLayer(nn.Module):
         layer_cache['cross_v'], cross_bias)
     x = self._cross_and_mlp(x, cross, True)
     return x, dict(layer_cache, k=k_cache, v=v_cache)
-
-
-def _mask_to_bias(mask, dtype):
-  """Boolean mask -> additive bias (0 or NEG_INF) in `dtype`, as T5X builds it."""
-  return jnp.where(mask, 0.0, NEG_INF).astype(dtype)
-
-
-def _pairwise(query, key, fn=jnp.logical_and):
-  """[batch, q], [batch, k] -> [batch, q, k]: fn of every (query, key) pair."""
-  return fn(query[:, :, None], key[:, None, :])
-
-
-class Embed(nn.Module):
-  """The shared token embedding `embedding [vocab, emb]` (input tokens and tied logits)."""
-  num_embeddings: int
-  features: int
-  dtype: Any = jnp.float32
-  embedding_init: Any = nn.initializers.normal(stddev=1.0)
-
-  def setup(self):
-    self.embedding = _param(self, 'embedding', self.embedding_init,
-                            (self.num_embeddings, self.features), ('vocab', 'embed'))
-
-  def __call__(self, tokens):
-    """[...] int -> [..., emb]."""
-    if not jnp.issubdtype(tokens.dtype, jnp.integer):
-      raise ValueError(f'Embed takes integer token ids, got dtype {tokens.dtype}.')
-    return jnp.take(self.embedding.astype(self.dtype), tokens, axis=0)
-
-  def attend(self, query):
-    """[..., emb] -> [..., vocab] float32: dot products with every embedding.
-
-    In float32 whatever `dtype` is, as T5X's tied logits (`attend_dtype=float32`).
-    """
-    return jnp.dot(query.astype(jnp.float32), self.embedding.astype(jnp.float32).T)
-
 
 _T5X_DECODE_UNSUPPORTED = (
     'specdec_t5x.network.Transformer does not implement T5X\'s one-token autoregressive cache '
@@ -436,10 +241,10 @@ class Encoder(nn.Module):
     length = tokens.shape[1]
     pos = jnp.arange(length)[None, :]
     valid = tokens > 0
-    mask = _pairwise(valid, valid)  # [batch, len, len]
+    mask = pairwise(valid, valid)  # [batch, len, len]
     if segment_ids is not None:
-      mask = mask & _pairwise(segment_ids, segment_ids, jnp.equal)
-    bias = self.relpos_bias(pos, pos) + _mask_to_bias(mask[:, None], self.config.dtype)
+      mask = mask & pairwise(segment_ids, segment_ids, jnp.equal)
+    bias = self.relpos_bias(pos, pos) + mask_to_bias(mask[:, None], self.config.dtype)
     x = self.dropout(self.shared_embedding(tokens.astype(jnp.int32)), deterministic=deterministic)
     for layer in self.layers:
       x = layer(x, bias, deterministic)
@@ -458,7 +263,7 @@ class Decoder(nn.Module):
     self.dropout = nn.Dropout(cfg.dropout_rate, broadcast_dims=(-2,))
     if not cfg.logits_via_embedding:
       # float32 whatever cfg.dtype is, as in T5X ("for stability").
-      self.logits_dense = Dense(cfg.vocab_size, jnp.float32, _kernel_init(), ('embed', 'vocab'))
+      self.logits_dense = Dense(cfg.vocab_size, jnp.float32, kernel_init(), ('embed', 'vocab'))
 
   def _logits(self, x, deterministic):
     """Decoder output [b, len, emb] -> float32 logits [b, len, vocab]."""
@@ -474,19 +279,19 @@ class Decoder(nn.Module):
                        'examples need both (cross attention stays within a segment).')
     length = decoder_input_tokens.shape[1]
     pos = jnp.arange(length)[None, :]
-    mask = _pairwise(pos, pos, jnp.greater_equal)  # [1, q, k] causal
+    mask = pairwise(pos, pos, jnp.greater_equal)  # [1, q, k] causal
     dec_valid = (decoder_target_tokens > 0) if decoder_target_tokens is not None else None
     if dec_valid is not None:
-      mask = mask & _pairwise(dec_valid, dec_valid)
+      mask = mask & pairwise(dec_valid, dec_valid)
     if decoder_segment_ids is not None:
-      mask = mask & _pairwise(decoder_segment_ids, decoder_segment_ids, jnp.equal)
-    self_bias = self.relpos_bias(pos, pos) + _mask_to_bias(mask[:, None], self.config.dtype)
+      mask = mask & pairwise(decoder_segment_ids, decoder_segment_ids, jnp.equal)
+    self_bias = self.relpos_bias(pos, pos) + mask_to_bias(mask[:, None], self.config.dtype)
     cross_mask = (encoder_tokens > 0)[:, None, :]  # [b, 1, enc]
     if dec_valid is not None:
       cross_mask = cross_mask & dec_valid[:, :, None]
     if encoder_segment_ids is not None:
-      cross_mask = cross_mask & _pairwise(decoder_segment_ids, encoder_segment_ids, jnp.equal)
-    cross_bias = _mask_to_bias(cross_mask[:, None], self.config.dtype)
+      cross_mask = cross_mask & pairwise(decoder_segment_ids, encoder_segment_ids, jnp.equal)
+    cross_bias = mask_to_bias(cross_mask[:, None], self.config.dtype)
     x = self.shared_embedding(decoder_input_tokens.astype(jnp.int32))
     x = self.dropout(x, deterministic=deterministic)
     for layer in self.layers:
@@ -512,8 +317,8 @@ class Decoder(nn.Module):
     key_pos = jnp.arange(num_slots)[None, :] - 1  # [1, slots]
     mask = (key_pos[:, None, :] >= 0) & (key_pos[:, None, :] <= q_pos[:, :, None])  # [b, k, slots]
     dtype = self.config.dtype
-    self_bias = self.relpos_bias(q_pos, key_pos) + _mask_to_bias(mask[:, None], dtype)
-    cross_bias = _mask_to_bias(cache['encoder_mask'][:, None, None, :], dtype)
+    self_bias = self.relpos_bias(q_pos, key_pos) + mask_to_bias(mask[:, None], dtype)
+    cross_bias = mask_to_bias(cache['encoder_mask'][:, None, None, :], dtype)
     x = self.shared_embedding(tokens.astype(jnp.int32))
     new_layers = []
     for layer, layer_cache in zip(self.layers, cache['layers']):
