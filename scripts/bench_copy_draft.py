@@ -25,7 +25,8 @@ from bench_batch import DEMO, REPO, load_demo, load_task  # noqa: E402
 from specdec_t5x import generate  # noqa: E402
 from specdec_t5x.algorithm import batching, timing  # noqa: E402
 from specdec_t5x.research import benchmarking  # noqa: E402
-from specdec_t5x.algorithm.drafts import CopyDraft, load_ngram  # noqa: E402
+from specdec_t5x.algorithm.drafts import CopyDraft  # noqa: E402
+from specdec_t5x.integration.draft_files import load_ngram  # noqa: E402
 
 
 def run_rows(target, enc, max_len, repeats, **kw):

@@ -3,7 +3,7 @@
   python scripts/build_ngram_drafts.py --data data/corpus/npz --out checkpoints/demo
 
 Reads {task}_train.npz (int32 `targets` [N, 64], EOS-terminated, 0-padded) for each task
-and writes {out}/unigram_{task}.npz and {out}/bigram_{task}.npz (drafts.load_ngram reads
+and writes {out}/unigram_{task}.npz and {out}/bigram_{task}.npz (draft_files.load_ngram reads
 them). Prints the sizes written.
 """
 
@@ -13,6 +13,7 @@ import os
 import numpy as np
 
 from specdec_t5x.algorithm import drafts
+from specdec_t5x.integration import draft_files
 
 
 def main(argv=None):
@@ -31,7 +32,7 @@ def main(argv=None):
     bi = drafts.sparse_bigram(seqs, args.vocab_size, topk=args.topk)
     for name, params in (('unigram', uni), ('bigram', bi)):
       path = os.path.join(args.out, f'{name}_{task}.npz')
-      drafts.save_ngram(path, params, args.vocab_size)
+      draft_files.save_ngram(path, params, args.vocab_size)
       print(f'{path}: {os.path.getsize(path) / 1e6:.2f} MB from {len(seqs)} sequences')
 
 

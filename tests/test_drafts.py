@@ -1,10 +1,12 @@
-"""n-gram drafts: counts -> distributions, and the sparse bigram's exact rows."""
+"""n-gram drafts: counts -> distributions, the sparse bigram's exact rows, their files."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from specdec_t5x.algorithm import drafts
+from specdec_t5x.integration import draft_files
 
 
 def _dense_reference(seqs, vocab, topk, smoothing):
@@ -47,8 +49,24 @@ def test_sparse_bigram_rows_equal_dense_reference():
 
 def test_save_and_load_roundtrip(tmp_path):
   params = drafts.sparse_bigram([[2, 3, 1]], 8, topk=2)
-  drafts.save_ngram(str(tmp_path / 'bi.npz'), params, 8)
-  module, loaded = drafts.load_ngram(str(tmp_path / 'bi.npz'))
+  draft_files.save_ngram(str(tmp_path / 'bi.npz'), params, 8)
+  module, loaded = draft_files.load_ngram(str(tmp_path / 'bi.npz'))
   assert isinstance(module, drafts.SparseBigramDraft) and module.vocab_size == 8
   for k in params:
     np.testing.assert_array_equal(np.asarray(loaded[k]), params[k])
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['bi.npz']  # no temporary left
+
+
+@pytest.mark.parametrize('order, kind', [(1, drafts.UnigramDraft), (2, drafts.BigramDraft)])
+def test_dense_ngram_files_load_as_their_kind(tmp_path, order, kind):
+  params = {'logits': drafts.ngram_log_probs([[2, 3, 1], [4, 1]], 6, order)}
+  path = str(tmp_path / f'order{order}.npz')
+  draft_files.save_ngram(path, params, 6)
+  module, loaded = draft_files.load_ngram(path)
+  assert type(module) is kind and module.vocab_size == 6
+  np.testing.assert_array_equal(np.asarray(loaded['logits']), params['logits'])
+
+
+def test_load_ngram_missing_file(tmp_path):
+  with pytest.raises(FileNotFoundError, match='No n-gram draft'):
+    draft_files.load_ngram(str(tmp_path / 'absent.npz'))

@@ -9,7 +9,8 @@ distributions (standardised like the target's), so speculative sampling stays ex
   negligible-cost bigram draft.
 * `SparseBigramDraft`: the same with the table stored as the top-k successors of each
   token over a unigram back-off (a few MB instead of V^2 floats), built from corpus
-  counts by `sparse_bigram` and saved with `save_ngram` / `load_ngram`.
+  counts by `sparse_bigram` (`ngram_draft` turns params into a draft; their .npz files are
+  written and read by specdec_t5x.integration.draft_files).
 """
 
 from __future__ import annotations
@@ -139,29 +140,17 @@ def sparse_bigram(sequences: Iterable[Iterable[int]], vocab_size: int, topk: int
           'logits': logits.astype(np.float32)}
 
 
-def save_ngram(path: str, params: dict, vocab_size: int) -> None:
-  """Writes n-gram draft params (.npz, atomically)."""
-  import os
-  import tempfile
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix='.npz')
-  os.close(fd)
-  np.savez_compressed(tmp, vocab_size=vocab_size, **params)
-  os.replace(tmp, path)
+def ngram_draft(params: dict, vocab_size: int):
+  """-> (module, params) of n-gram draft params: sparse bigram, bigram or unigram.
 
-
-def load_ngram(path: str):
-  """-> (module, params) of a draft saved by `save_ngram` (sparse bigram or unigram)."""
-  import os
-  if not os.path.exists(path):
-    raise FileNotFoundError(f'No n-gram draft at {path!r}.')
-  with np.load(path) as data:
-    params = {k: jnp.asarray(data[k]) for k in data.files if k != 'vocab_size'}
-    vocab = int(data['vocab_size'])
+  The kind is read from the params (`sparse_bigram`'s keys, or the rank of `logits`), so
+  a saved draft file need not record it (integration.draft_files reads them).
+  """
   if 'ids' in params:
-    return SparseBigramDraft(vocab, topk=int(params['ids'].shape[1])), params
+    return SparseBigramDraft(vocab_size, topk=int(params['ids'].shape[1])), params
   if params['logits'].ndim == 1:
-    return UnigramDraft(vocab), params
-  return BigramDraft(vocab), params
+    return UnigramDraft(vocab_size), params
+  return BigramDraft(vocab_size), params
 
 
 class CopyDraft(nn.Module):

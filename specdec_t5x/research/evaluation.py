@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import api, batching, drafts, network, sampling, theory, timing
+from specdec_t5x.algorithm import api, batching, network, sampling, theory, timing
+from specdec_t5x.integration import draft_files
 from specdec_t5x.research import training
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -36,7 +37,7 @@ def load_model(name: str, task: str = 'ende', root: str = DEMO_DIR) -> ModelAndP
   """(module, float32 params) of a demo model (training.load_exported of root/name), or
   of the task's n-gram draft ('unigram'/'bigram')."""
   if name in NGRAMS:
-    return drafts.load_ngram(os.path.join(root, f'{name}_{task}.npz'))
+    return draft_files.load_ngram(os.path.join(root, f'{name}_{task}.npz'))
   config, params = training.load_exported(os.path.join(root, name))
   return network.Transformer(config), params
 
