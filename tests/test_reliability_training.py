@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from specdec_t5x.research import training
+from specdec_t5x.research import train_config, train_state, training
 from test_training import data_dir, small_cfg, tiny_model  # pylint: disable=unused-import
 
 
@@ -35,7 +35,7 @@ def test_resume_with_changed_hyperparameters_is_refused(data_dir, resumable, cha
 def test_run_control_settings_may_change(resumable):
   saved = json.load(open(os.path.join(resumable, 'config.json')))['train']
   cfg = small_cfg(steps=2, save_every=2, max_seconds=5.0, eval_every=1, keep=5)
-  assert training.changed_settings(saved, cfg) == []
+  assert train_config.changed_settings(saved, cfg) == []
 
 
 def test_allow_changed_config_resumes(data_dir, tmp_path):
@@ -56,7 +56,7 @@ def test_orphans_removed_and_log_not_duplicated(data_dir, tmp_path):
   os.rename(os.path.join(work, 'checkpoint_4'), os.path.join(work, 'checkpoint_4.tmp-x1y2'))
   with open(os.path.join(work, 'log.jsonl'), 'a') as f:
     f.write('{"step": 4, "train_lo')  # A record cut by the kill.
-  assert training.latest_step(work) == 2
+  assert train_state.latest_step(work) == 2
   training.train(tiny_model(), data_dir, work, cfg)
   assert not [n for n in os.listdir(work) if '.tmp-' in n]
   records = [json.loads(line) for line in open(os.path.join(work, 'log.jsonl'))]
