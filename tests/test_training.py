@@ -7,6 +7,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from specdec_t5x.algorithm.network import Transformer
@@ -216,3 +217,49 @@ def test_distill_targets_are_the_greedy_decodes():
   got = distill.distill_targets(model, params, inputs, max_len=7, batch_size=2)
   want = np.asarray(api.generate((model, params), inputs, max_decode_length=7).tokens)
   np.testing.assert_array_equal(got, want)
+
+
+def _closed_form(step, cfg, total):
+  """The schedule as training.py computed it in Python floats before optax (issue 13)."""
+  import math  # pylint: disable=g-import-not-at-top
+  peak, warm = cfg.learning_rate, max(cfg.warmup_steps, 1)
+  if step < warm:
+    return peak * (step + 1) / warm
+  if cfg.schedule == 'rsqrt':
+    return peak * math.sqrt(warm / (step + 1))
+  if not total:
+    return peak
+  frac = min(max((step - warm) / max(total - warm, 1), 0.0), 1.0)
+  low = cfg.final_lr_fraction
+  return peak * (low + (1 - low) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+@pytest.mark.parametrize('schedule,peak,warmup,total', [
+    ('cosine', 2e-3, 300, 5000), ('cosine', 6e-4, 200, 1234), ('cosine', 1e-2, 2, 6),
+    ('cosine', 5e-3, 1, 10), ('cosine', 5e-3, 0, 10), ('cosine', 3e-3, 500, 400),
+    ('cosine', 2e-3, 50, None), ('rsqrt', 1e-2, 100, None), ('rsqrt', 1e-2, 1, 50)])
+def test_optax_schedule_gives_the_closed_form_bitwise(schedule, peak, warmup, total):
+  cfg = small_cfg(schedule=schedule, learning_rate=peak, warmup_steps=warmup)
+  lr = train_optim.LearningRate(cfg, total)
+  steps = range((total or 600) + 5)
+  got = np.array([lr(s) for s in steps])
+  want = np.array([_closed_form(s, cfg, total) for s in steps], np.float32)
+  assert got.dtype == np.float32
+  np.testing.assert_array_equal(got, want)
+  assert train_optim.learning_rate(3, cfg, total) == float(want[3])
+
+
+def test_workdir_checkpoints_are_orbax_steps_readable_as_t5x(data_dir, tmp_path):
+  work = str(tmp_path / 'w')
+  params, _ = training.train(tiny_model(), data_dir, work, small_cfg(steps=3, save_every=2))
+  assert sorted(f for f in os.listdir(work) if f.startswith('checkpoint_')) == [
+      'checkpoint_2', 'checkpoint_3']
+  assert {'meta', 'state'} <= set(os.listdir(f'{work}/checkpoint_3'))
+  with train_state.checkpoint_manager(work, read_only=True) as manager:
+    meta = manager.restore(3, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+  assert meta['total_steps'] == 3 and sum(meta['cursors']) == 3 * 4
+  for k, v in _flat(load_params(work)).items():  # The parent: its highest step.
+    np.testing.assert_array_equal(v, _flat(params)[k])
+  with pytest.raises(ValueError, match='older version'):
+    open(f'{tmp_path}/train_state_2.msgpack', 'wb').close()
+    training.train(tiny_model(), data_dir, str(tmp_path), small_cfg(steps=1))
