@@ -18,7 +18,7 @@ import dataclasses
 import glob
 import json
 import os
-from typing import Any, Mapping, Optional
+from typing import Any, Optional
 
 import flax
 import jax

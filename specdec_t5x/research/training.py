@@ -22,7 +22,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import jax
 import numpy as np
@@ -118,32 +118,82 @@ class _Run:
     return self.total is not None and self.step >= self.total
 
 
-def _fit_total(run: _Run, cfg: TrainConfig, meter: _Meter, metrics: Any, t0: float) -> None:
-  """Sets the total steps from the measured rate: 90% of what the budget's rest allows."""
-  rate = meter.steps_per_second(run.step, metrics)
-  if rate is not None:
-    run.total = run.step + int(0.9 * rate * (cfg.max_seconds - (time.time() - t0)))
-    run.lr = LearningRate(cfg, run.total)
+@dataclasses.dataclass
+class _Loop:
+  """The fixed parts of one call of `train`: settings, compiled steps, data, outputs."""
+  cfg: TrainConfig
+  train_step: Callable[..., Any]
+  eval_step: Callable[..., Any]
+  teacher_params: Optional[Params]
+  mixture: Mixture
+  val: list[tuple[str, Batch]]
+  manager: Any  # orbax.checkpoint.CheckpointManager
+  log: _Log
+  bar: Any  # tqdm.tqdm
+  t0: float  # When the call started (the time budget counts from here).
+  meter: _Meter = dataclasses.field(default_factory=_Meter)
+  shown: dict[str, float] = dataclasses.field(default_factory=dict)  # Bar postfix.
 
+  def step(self, run: _Run, key: jax.Array) -> None:
+    """One optimizer step on the next batch, then its logging, evaluation and saving."""
+    batch, run.cursors = self.mixture.batch(run.step, run.cursors)
+    lr = run.lr(run.step)
+    run.params, run.opt_state, metrics = self.train_step(
+        run.params, run.opt_state, batch, lr, key, np.int32(run.step), self.teacher_params)
+    run.step += 1
+    self.meter.record(run.step, metrics, batch)
+    if run.total is None:
+      self.fit_total(run, metrics)
+    if run.step % self.cfg.log_every == 0:
+      self.log_window(run, lr)
+    evaluating, saving = run.step % self.cfg.eval_every == 0, run.step % self.cfg.save_every == 0
+    if evaluating or saving:
+      with self.meter.paused(metrics):  # Keeps evaluation and saving out of tokens/s.
+        if evaluating:
+          self.evaluate(run)
+        if saving:
+          self.save(run)
+    self.bar.update(1)
+    self.bar.set_postfix({k: f'{v:.3f}' for k, v in self.shown.items()}, refresh=False)
 
-def _save(run: _Run, manager: Any, log: _Log) -> None:
-  train_state.save(manager, run.step, run.params, run.opt_state, run.cursors, log.seconds(),
-                   run.total)
+  def out_of_time(self) -> bool:
+    return self.cfg.max_seconds is not None and time.time() - self.t0 > self.cfg.max_seconds
 
+  def fit_total(self, run: _Run, metrics: Any) -> None:
+    """Sets the total steps from the measured rate: 90% of what the budget's rest allows."""
+    rate = self.meter.steps_per_second(run.step, metrics)
+    if rate is not None:
+      run.total = run.step + int(0.9 * rate * (self.cfg.max_seconds - (time.time() - self.t0)))
+      run.lr = LearningRate(self.cfg, run.total)
+      self.bar.total = run.total
 
-def _log_window(run: _Run, meter: _Meter, log: _Log, lr: float, shown: dict[str, float]):
-  """Logs the train loss and token rates of the steps since the last log."""
-  window = meter.flush()
-  if window:
-    shown['loss'] = window['train_loss']
-    log.write(run.step, {'train_loss': window['train_loss'], 'lr': float(lr),
-                         **{k: v for k, v in window.items() if k != 'train_loss'}})
+  def log_window(self, run: _Run, lr: np.float32) -> None:
+    """Logs the train loss and token rates of the steps since the last log."""
+    window = self.meter.flush()
+    if window:
+      self.shown['loss'] = window['train_loss']
+      self.log.write(run.step, {'train_loss': window['train_loss'], 'lr': float(lr),
+                                **{k: v for k, v in window.items() if k != 'train_loss'}})
 
+  def evaluate(self, run: _Run) -> None:
+    run.evaluated = self.log.write(run.step, evaluate(run.params, self.eval_step, self.val))
+    self.shown['val'] = run.evaluated['val_loss']
 
-def _evaluate(run: _Run, eval_step: Any, val: list[tuple[str, Batch]], log: _Log,
-              shown: dict[str, float]) -> None:
-  run.evaluated = log.write(run.step, evaluate(run.params, eval_step, val))
-  shown['val'] = run.evaluated['val_loss']
+  def save(self, run: _Run) -> None:
+    train_state.save(self.manager, run.step, run.params, run.opt_state, run.cursors,
+                     self.log.seconds(), run.total)
+
+  def finish(self, run: _Run) -> dict[str, Any]:
+    """Saves and evaluates the last step (unless done already); logs the end record."""
+    self.bar.close()
+    if self.manager.latest_step() != run.step:
+      self.save(run)
+    final = run.evaluated
+    if final is None or final['step'] != run.step:
+      final = evaluate(run.params, self.eval_step, self.val)
+    return self.log.write(run.step, {
+        'event': 'end', **{k: v for k, v in final.items() if k.startswith('val_')},
+        'total_steps': run.total, 'stopped_by_time': not run.done()})
 
 
 def train(model_cfg: T5Config, data_dir: str, workdir: str, cfg: TrainConfig,
@@ -177,43 +227,17 @@ def train(model_cfg: T5Config, data_dir: str, workdir: str, cfg: TrainConfig,
   print(f'{workdir}: {num_params(run.params):,} params, devices {jax.devices()}, '
         f"{'resuming at' if run.step else 'starting from'} step {run.step}", flush=True)
   key = jax.random.key(cfg.seed, impl='rbg')  # Dropout bits: rbg compiles ~3x faster.
-  log, meter = _Log(workdir, t0, begin.elapsed), _Meter()
   bar = tqdm.tqdm(total=run.total, initial=run.step, disable=not progress,
                   desc=os.path.basename(workdir.rstrip('/')))
-  shown: dict[str, float] = {}
+  loop = _Loop(cfg, train_step, eval_step, teacher_params, mixture, val, begin.manager,
+               _Log(workdir, t0, begin.elapsed), bar, t0)
   try:
     while not run.done():
-      batch, run.cursors = mixture.batch(run.step, run.cursors)
-      lr = run.lr(run.step)
-      run.params, run.opt_state, metrics = train_step(
-          run.params, run.opt_state, batch, lr, key, np.int32(run.step), teacher_params)
-      run.step += 1
-      meter.record(run.step, metrics, batch)
-      if run.total is None:
-        _fit_total(run, cfg, meter, metrics, t0)
-        bar.total = run.total
-      if run.step % cfg.log_every == 0:
-        _log_window(run, meter, log, lr, shown)
-      if run.step % cfg.eval_every == 0 or run.step % cfg.save_every == 0:
-        with meter.paused(metrics):  # Keeps evaluation and saving out of tokens/s.
-          if run.step % cfg.eval_every == 0:
-            _evaluate(run, eval_step, val, log, shown)
-          if run.step % cfg.save_every == 0:
-            _save(run, begin.manager, log)
-      bar.update(1)
-      bar.set_postfix({k: f'{v:.3f}' for k, v in shown.items()}, refresh=False)
-      if cfg.max_seconds is not None and time.time() - t0 > cfg.max_seconds:
+      loop.step(run, key)
+      if loop.out_of_time():
         break  # Checked after the step: every call makes progress.
-    bar.close()
-    if begin.manager.latest_step() != run.step:
-      _save(run, begin.manager, log)
-    final = run.evaluated
-    if final is None or final['step'] != run.step:
-      final = evaluate(run.params, eval_step, val)
-    summary = log.write(run.step, {
-        'event': 'end', **{k: v for k, v in final.items() if k.startswith('val_')},
-        'total_steps': run.total, 'stopped_by_time': not run.done()})
+    summary = loop.finish(run)
   finally:
-    log.file.close()
+    loop.log.file.close()
     begin.manager.close()
   return run.params, summary
