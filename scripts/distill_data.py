@@ -12,17 +12,16 @@ is the quantity alpha measures. Prints one JSON line per file (rows, seconds, me
 
 import argparse
 import glob
+import io
 import json
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
+import numpy as np
 
-import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-from specdec_t5x.algorithm import network  # pylint: disable=g-import-not-at-top,wrong-import-position
-from specdec_t5x.research import training  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec_t5x.algorithm import network
+from specdec_t5x.integration import model_dir, run_dir
+from specdec_t5x.research import distill
 
 
 def main(argv=None) -> list:
@@ -36,7 +35,7 @@ def main(argv=None) -> list:
   p.add_argument('--dtype', default='float32', help='compute dtype, e.g. bfloat16 on GPU')
   p.add_argument('--no_progress', action='store_true')
   args = p.parse_args(argv)
-  config, params = training.load_exported(args.target, args.dtype)
+  config, params = model_dir.load(args.target, args.dtype)
   model = network.Transformer(config)
   os.makedirs(args.out, exist_ok=True)
   summaries = []
@@ -47,12 +46,12 @@ def main(argv=None) -> list:
       if args.max_rows:
         inputs, targets = inputs[:args.max_rows], targets[:args.max_rows]
       t0 = time.time()
-      new = training.distill_targets(model, params, inputs.astype(np.int32),
+      new = distill.distill_targets(model, params, inputs.astype(np.int32),
                                      targets.shape[1], args.batch_size, not args.no_progress)
       out = os.path.join(args.out, os.path.basename(path))
-      tmp = out + '.tmp.npz'
-      np.savez_compressed(tmp, inputs=inputs, targets=new)
-      os.replace(tmp, out)
+      npz = io.BytesIO()
+      np.savez_compressed(npz, inputs=inputs, targets=new)
+      run_dir.write_atomic(out, npz.getvalue())
       summaries.append({'file': out, 'rows': len(new), 'seconds': round(time.time() - t0, 1),
                         'mean_len': float((new > 0).sum(1).mean()),
                         'reference_mean_len': float((targets > 0).sum(1).mean()),

@@ -4,9 +4,10 @@ r"""Trains T5 v1.1-style demo models with teacher forcing on the pre-tokenised c
       --workdir runs/demo_target --steps 20000 --batch_size 128 --max_seconds 300
 
 prints jax.devices(), the parameter count, a tqdm bar with train/val loss, and a summary
-JSON line per model; writes `<workdir>/checkpoint_<step>/` (T5X native, float32),
-`train_state_<step>.msgpack`, `config.json` and `log.jsonl` (step, train_loss, val_loss,
-tokens_per_s, elapsed). Rerunning with the same --workdir resumes exactly.
+JSON line per model; writes `<workdir>/checkpoint_<step>/` (Orbax: float32 params,
+optimizer state and data cursors; the latest two kept), `config.json` and `log.jsonl`
+(step, train_loss, val_loss, tokens_per_s, elapsed). Rerunning with the same --workdir
+resumes exactly.
 
 Several models, one after another, each with its own budget (one value or one per model):
 
@@ -24,11 +25,9 @@ distilled data of scripts/distill_data.py).
 import argparse
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
-
-from specdec_t5x.research import training  # pylint: disable=g-import-not-at-top,wrong-import-position
+from specdec_t5x.integration import model_dir
+from specdec_t5x.research import train_config, training
 
 
 def _value(text: str):
@@ -55,7 +54,7 @@ def _per_model(text: str, n: int, cast) -> list:
 
 def parse(argv=None) -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  p.add_argument('--model', required=True, help=f'comma list of {sorted(training.PRESETS)}')
+  p.add_argument('--model', required=True, help=f'comma list of {sorted(train_config.PRESETS)}')
   p.add_argument('--data', default='data/corpus/npz', help='dir of {task}_{split}.npz')
   p.add_argument('--workdir', required=True, help='one model: the run dir; several: parent')
   p.add_argument('--steps', default='10000', help="per model; 'auto' fits max_seconds")
@@ -101,8 +100,8 @@ def main(argv=None) -> list:
   init_from = _per_model(args.init_from, n, str)
   summaries = []
   for i, name in enumerate(names):
-    model_cfg = training.model_config(name, dtype=args.dtype, **_pairs(args.override))
-    cfg = training.TrainConfig(
+    model_cfg = train_config.model_config(name, dtype=args.dtype, **_pairs(args.override))
+    cfg = train_config.TrainConfig(
         steps=steps[i], batch_size=batch[i], optimizer=args.optimizer, schedule=args.schedule,
         learning_rate=lr[i], warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
         z_loss=args.z_loss, mixing_rates=_pairs(args.mixing_rates) or None,
@@ -114,10 +113,10 @@ def main(argv=None) -> list:
                                      progress=not args.no_progress,
                                      allow_changed_config=args.allow_changed_config)
     if args.final_export:
-      summary['export'] = training.export_params(
+      summary['export'] = model_dir.save(
           params, os.path.join(args.final_export, name), model_cfg, summary['step'],
           vocab_path=args.vocab or None)
-    summaries.append({'model': name, 'params': training.num_params(params), **summary})
+    summaries.append({'model': name, 'params': train_config.num_params(params), **summary})
     print(json.dumps(summaries[-1]), flush=True)
   return summaries
 

@@ -1,14 +1,15 @@
 """Reliability of training resume (issue 11, item 9): changed hyperparameters are refused
-before config.json is touched, orphan temporary checkpoints are removed, and log.jsonl
-has one record per step after a resume."""
+before config.json is touched, an interrupted checkpoint save never loads (and is removed),
+and log.jsonl has one record per step after a resume."""
 
 import collections
 import json
 import os
+import shutil
 
 import pytest
 
-from specdec_t5x.research import training
+from specdec_t5x.research import train_config, train_state, training
 from test_training import data_dir, small_cfg, tiny_model  # pylint: disable=unused-import
 
 
@@ -35,7 +36,7 @@ def test_resume_with_changed_hyperparameters_is_refused(data_dir, resumable, cha
 def test_run_control_settings_may_change(resumable):
   saved = json.load(open(os.path.join(resumable, 'config.json')))['train']
   cfg = small_cfg(steps=2, save_every=2, max_seconds=5.0, eval_every=1, keep=5)
-  assert training.changed_settings(saved, cfg) == []
+  assert train_config.changed_settings(saved, cfg) == []
 
 
 def test_allow_changed_config_resumes(data_dir, tmp_path):
@@ -47,18 +48,24 @@ def test_allow_changed_config_resumes(data_dir, tmp_path):
   assert json.load(open(os.path.join(work, 'config.json')))['train']['seed'] == 1
 
 
-def test_orphans_removed_and_log_not_duplicated(data_dir, tmp_path):
+def test_interrupted_save_never_loads_and_log_not_duplicated(data_dir, tmp_path):
   work = str(tmp_path / 'w')
   cfg = small_cfg(steps=4, save_every=2, log_every=1, eval_every=100)
   training.train(tiny_model(), data_dir, work, cfg)
-  # What a kill during step 4's save leaves: its temp dir and the records past step 2.
-  os.remove(os.path.join(work, 'train_state_4.msgpack'))
-  os.rename(os.path.join(work, 'checkpoint_4'), os.path.join(work, 'checkpoint_4.tmp-x1y2'))
+  # What a kill during step 4's save leaves (as a kill -9 inside Orbax's save was seen to):
+  # Orbax's temporary step dir, renamed to checkpoint_4 only once complete, here without
+  # its meta item; a half-written config.json; and the log records past step 2.
+  shutil.rmtree(os.path.join(work, 'checkpoint_4', 'meta'))
+  os.rename(os.path.join(work, 'checkpoint_4'),
+            os.path.join(work, 'checkpoint_4.orbax-checkpoint-tmp'))
+  with open(os.path.join(work, 'config.json.tmp-4242'), 'w') as f:
+    f.write('{"model": ')
   with open(os.path.join(work, 'log.jsonl'), 'a') as f:
     f.write('{"step": 4, "train_lo')  # A record cut by the kill.
-  assert training.latest_step(work) == 2
+  assert train_state.latest_step(work) == 2
   training.train(tiny_model(), data_dir, work, cfg)
-  assert not [n for n in os.listdir(work) if '.tmp-' in n]
+  assert not [n for n in os.listdir(work) if 'tmp' in n]
+  assert train_state.latest_step(work) == 4
   records = [json.loads(line) for line in open(os.path.join(work, 'log.jsonl'))]
   per_step = collections.Counter(r['step'] for r in records if 'train_loss' in r)
   # The first step after each start is the compile (not timed, not logged): steps 2 and

@@ -7,16 +7,20 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
-from specdec_t5x.research import training
+from specdec_t5x.algorithm.network import Transformer
+from specdec_t5x.integration import model_dir
 from specdec_t5x.integration.checkpoints import load_params
+from specdec_t5x.research import (distill, train_config, train_data, train_objective,
+                                  train_optim, train_state, training)
 
 VOCAB = 64
 
 
 def tiny_model(**kw):
-  return training.model_config('tiny', vocab_size=VOCAB, emb_dim=16, num_heads=2, head_dim=8,
+  return train_config.model_config('tiny', vocab_size=VOCAB, emb_dim=16, num_heads=2, head_dim=8,
                                mlp_dim=32, **kw)
 
 
@@ -43,7 +47,7 @@ def data_dir(tmp_path_factory):
 def small_cfg(**kw):
   base = dict(steps=6, batch_size=4, learning_rate=1e-2, warmup_steps=2, log_every=2,
               eval_every=4, save_every=100, num_val_examples=6)
-  return training.TrainConfig(**{**base, **kw})
+  return train_config.TrainConfig(**{**base, **kw})
 
 
 def _flat(params):
@@ -52,16 +56,16 @@ def _flat(params):
 
 
 def test_presets_and_overrides():
-  cfg = training.model_config('demo_target', layers=4, dtype='bfloat16')
+  cfg = train_config.model_config('demo_target', layers=4, dtype='bfloat16')
   assert (cfg.num_encoder_layers, cfg.num_decoder_layers, cfg.dtype) == (4, 4, jnp.bfloat16)
   assert cfg.vocab_size == 8192 and tuple(cfg.mlp_activations) == ('gelu', 'linear')
   with pytest.raises(ValueError, match='Unknown model'):
-    training.model_config('nope')
+    train_config.model_config('nope')
 
 
 def test_mixture_is_deterministic_and_proportional(data_dir):
-  tasks = training.load_split(data_dir, 'train')
-  a, b = (training.Mixture(tasks, 32, seed=3) for _ in range(2))
+  tasks = train_data.load_split(data_dir, 'train')
+  a, b = (train_data.Mixture(tasks, 32, seed=3) for _ in range(2))
   ca = cb = np.zeros(2, np.int64)
   for step in range(40):
     (ba, ca), (bb, cb) = a.batch(step, ca), b.batch(step, cb)
@@ -85,14 +89,14 @@ def test_one_step_changes_params(data_dir, tmp_path):
 def test_loss_decreases_on_a_repeated_batch(data_dir, optimizer):
   peak = {'adamw': 1e-2, 'adafactor': 5e-2}[optimizer]  # Adafactor's is relative.
   cfg = small_cfg(optimizer=optimizer, learning_rate=peak)
-  train_step, _, tx = training.make_steps(tiny_model(), optimizer, cfg.weight_decay,
+  train_step, _, tx = train_objective.make_steps(tiny_model(), optimizer, cfg.weight_decay,
                                           cfg.z_loss)
-  batch = training.Mixture(training.load_split(data_dir, 'train'), 4).batch(0, [0, 0])[0]
+  batch = train_data.Mixture(train_data.load_split(data_dir, 'train'), 4).batch(0, [0, 0])[0]
   dummy = jnp.ones((1, 4), jnp.int32)
-  params = training.Transformer(tiny_model()).init(jax.random.PRNGKey(0), dummy, dummy)['params']
+  params = Transformer(tiny_model()).init(jax.random.PRNGKey(0), dummy, dummy)['params']
   opt_state, losses = tx.init(params), []
   for step in range(30):
-    lr = np.float32(training.learning_rate(step, cfg, 30))
+    lr = np.float32(train_optim.learning_rate(step, cfg, 30))
     params, opt_state, m = train_step(params, opt_state, batch, lr, jax.random.key(0, impl='rbg'),
                                       np.int32(step))
     losses.append(float(m['ce_sum'] / m['count']))
@@ -106,11 +110,11 @@ def test_resume_is_exact(data_dir, tmp_path, schedule):
   work = str(tmp_path / 'parts')
   if schedule == 'rsqrt':  # The schedule ignores the total: 3 steps, then 3 more.
     training.train(tiny_model(), data_dir, work, small_cfg(schedule=schedule, steps=3))
-    assert training.latest_step(work) == 3
+    assert train_state.latest_step(work) == 3
   else:  # Interrupted by the time budget (one step per call), then run to the end.
     for want in (1, 2):
       _, summary = training.train(tiny_model(), data_dir, work, small_cfg(max_seconds=0.0))
-      assert summary['stopped_by_time'] and training.latest_step(work) == want
+      assert summary['stopped_by_time'] and train_state.latest_step(work) == want
   resumed, summary = training.train(tiny_model(), data_dir, work, cfg)
   assert summary['step'] == 6 and not summary['stopped_by_time']
   f0, f1 = _flat(straight), _flat(resumed)
@@ -141,39 +145,39 @@ def test_script_trains_several_models_and_exports(data_dir, tmp_path):
       '--override', f'vocab_size={VOCAB},emb_dim=16,num_heads=2,head_dim=8,mlp_dim=32',
       '--no_progress'])
   for name, step in (('tiny', 2), ('demo_draft_s', 3)):
-    assert training.latest_step(str(tmp_path / 'r' / name)) == step
+    assert train_state.latest_step(str(tmp_path / 'r' / name)) == step
     exported = load_params(str(tmp_path / 'x' / name / f'checkpoint_{step}'))
     assert exported['token_embedder']['embedding'].dtype == jnp.bfloat16
     with open(tmp_path / 'x' / name / 'config.json') as f:
-      expected = training.model_config(name, vocab_size=VOCAB, emb_dim=16, num_heads=2,
+      expected = train_config.model_config(name, vocab_size=VOCAB, emb_dim=16, num_heads=2,
                                        head_dim=8, mlp_dim=32)
-      assert json.load(f) == training.config_to_dict(expected)
+      assert json.load(f) == model_dir.config_to_dict(expected)
 
 
 def test_init_from_starts_a_fresh_run_at_the_given_params(data_dir, tmp_path):
   params, _ = training.train(tiny_model(), data_dir, str(tmp_path / 'a'), small_cfg(steps=2))
-  ckpt = training.export_params(params, str(tmp_path / 'x'), tiny_model(), 2)
+  ckpt = model_dir.save(params, str(tmp_path / 'x'), tiny_model(), 2)
   started, _ = training.train(tiny_model(), data_dir, str(tmp_path / 'b'),
                               small_cfg(steps=0, init_from=ckpt))
   f0, f1 = _flat(params), _flat(started)
   for k in f0:  # Exported in bf16: equal up to bf16 rounding.
     np.testing.assert_allclose(f1[k], f0[k], rtol=1e-2, atol=1e-2, err_msg=str(k))
-  other = training.model_config('tiny', vocab_size=VOCAB, emb_dim=24, num_heads=2, head_dim=8,
+  other = train_config.model_config('tiny', vocab_size=VOCAB, emb_dim=24, num_heads=2, head_dim=8,
                                 mlp_dim=32)
   with pytest.raises(ValueError, match='does not match the model'):
     training.train(other, data_dir, str(tmp_path / 'c'), small_cfg(steps=0, init_from=ckpt))
 
 
 def test_kd_loss_is_the_kl_to_the_teacher():
-  model = training.Transformer(tiny_model())
+  model = Transformer(tiny_model())
   rs = np.random.RandomState(0)
-  batch = training.make_batch(rs.randint(2, VOCAB, (2, 6)).astype(np.int32),
+  batch = train_data.make_batch(rs.randint(2, VOCAB, (2, 6)).astype(np.int32),
                               rs.randint(1, VOCAB, (2, 5)).astype(np.int32))
   params = model.init(jax.random.PRNGKey(0), batch['encoder_input_tokens'],
                       batch['decoder_input_tokens'])['params']
   own = model.apply({'params': params}, batch['encoder_input_tokens'],
                     batch['decoder_input_tokens'])
-  loss = jax.jit(lambda t, w: training.loss_fn(params, model, batch, 0.0, None, t, w)[0])
+  loss = jax.jit(lambda t, w: train_objective.loss_fn(params, model, batch, 0.0, None, t, w)[0])
   ce_only = loss(own, 0.0)  # kd_weight 0: cross-entropy only.
   same = loss(own, 1.0)
   assert abs(float(same)) < 1e-5  # KL(q || q) = 0.
@@ -187,13 +191,13 @@ def test_kd_loss_is_the_kl_to_the_teacher():
 
 
 def test_teacher_step_trains_toward_the_teacher(data_dir):
-  teacher_cfg = training.model_config('tiny', vocab_size=VOCAB, emb_dim=24, num_heads=2,
+  teacher_cfg = train_config.model_config('tiny', vocab_size=VOCAB, emb_dim=24, num_heads=2,
                                       head_dim=8, mlp_dim=32, dropout_rate=0.0)
   dummy = jnp.ones((1, 4), jnp.int32)
-  teacher = training.Transformer(teacher_cfg).init(jax.random.PRNGKey(1), dummy, dummy)['params']
-  train_step, _, tx = training.make_steps(tiny_model(), 'adamw', 0.0, 0.0, teacher_cfg, 1.0)
-  batch = training.Mixture(training.load_split(data_dir, 'train'), 4).batch(0, [0, 0])[0]
-  params = training.Transformer(tiny_model()).init(jax.random.PRNGKey(0), dummy, dummy)['params']
+  teacher = Transformer(teacher_cfg).init(jax.random.PRNGKey(1), dummy, dummy)['params']
+  train_step, _, tx = train_objective.make_steps(tiny_model(), 'adamw', 0.0, 0.0, teacher_cfg, 1.0)
+  batch = train_data.Mixture(train_data.load_split(data_dir, 'train'), 4).batch(0, [0, 0])[0]
+  params = Transformer(tiny_model()).init(jax.random.PRNGKey(0), dummy, dummy)['params']
   opt_state, losses = tx.init(params), []
   for step in range(25):
     params, opt_state, m = train_step(params, opt_state, batch, np.float32(1e-2),
@@ -204,12 +208,58 @@ def test_teacher_step_trains_toward_the_teacher(data_dir):
 
 def test_distill_targets_are_the_greedy_decodes():
   from specdec_t5x.algorithm import api  # pylint: disable=g-import-not-at-top
-  cfg = training.model_config('tiny', vocab_size=VOCAB, emb_dim=16, num_heads=2, head_dim=8,
+  cfg = train_config.model_config('tiny', vocab_size=VOCAB, emb_dim=16, num_heads=2, head_dim=8,
                               mlp_dim=32, dropout_rate=0.0)
-  model = training.Transformer(cfg)
+  model = Transformer(cfg)
   dummy = jnp.ones((1, 4), jnp.int32)
   params = model.init(jax.random.PRNGKey(2), dummy, dummy)['params']
   inputs = _examples(np.random.RandomState(3), 5)['inputs']
-  got = training.distill_targets(model, params, inputs, max_len=7, batch_size=2)
+  got = distill.distill_targets(model, params, inputs, max_len=7, batch_size=2)
   want = np.asarray(api.generate((model, params), inputs, max_decode_length=7).tokens)
   np.testing.assert_array_equal(got, want)
+
+
+def _closed_form(step, cfg, total):
+  """The schedule as training.py computed it in Python floats before optax (issue 13)."""
+  import math  # pylint: disable=g-import-not-at-top
+  peak, warm = cfg.learning_rate, max(cfg.warmup_steps, 1)
+  if step < warm:
+    return peak * (step + 1) / warm
+  if cfg.schedule == 'rsqrt':
+    return peak * math.sqrt(warm / (step + 1))
+  if not total:
+    return peak
+  frac = min(max((step - warm) / max(total - warm, 1), 0.0), 1.0)
+  low = cfg.final_lr_fraction
+  return peak * (low + (1 - low) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+@pytest.mark.parametrize('schedule,peak,warmup,total', [
+    ('cosine', 2e-3, 300, 5000), ('cosine', 6e-4, 200, 1234), ('cosine', 1e-2, 2, 6),
+    ('cosine', 5e-3, 1, 10), ('cosine', 5e-3, 0, 10), ('cosine', 3e-3, 500, 400),
+    ('cosine', 2e-3, 50, None), ('rsqrt', 1e-2, 100, None), ('rsqrt', 1e-2, 1, 50)])
+def test_optax_schedule_gives_the_closed_form_bitwise(schedule, peak, warmup, total):
+  cfg = small_cfg(schedule=schedule, learning_rate=peak, warmup_steps=warmup)
+  lr = train_optim.LearningRate(cfg, total)
+  steps = range((total or 600) + 5)
+  got = np.array([lr(s) for s in steps])
+  want = np.array([_closed_form(s, cfg, total) for s in steps], np.float32)
+  assert got.dtype == np.float32
+  np.testing.assert_array_equal(got, want)
+  assert train_optim.learning_rate(3, cfg, total) == float(want[3])
+
+
+def test_workdir_checkpoints_are_orbax_steps_readable_as_t5x(data_dir, tmp_path):
+  work = str(tmp_path / 'w')
+  params, _ = training.train(tiny_model(), data_dir, work, small_cfg(steps=3, save_every=2))
+  assert sorted(f for f in os.listdir(work) if f.startswith('checkpoint_')) == [
+      'checkpoint_2', 'checkpoint_3']
+  assert {'meta', 'state'} <= set(os.listdir(f'{work}/checkpoint_3'))
+  with train_state.checkpoint_manager(work, read_only=True) as manager:
+    meta = manager.restore(3, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+  assert meta['total_steps'] == 3 and sum(meta['cursors']) == 3 * 4
+  for k, v in _flat(load_params(work)).items():  # The parent: its highest step.
+    np.testing.assert_array_equal(v, _flat(params)[k])
+  with pytest.raises(ValueError, match='older version'):
+    open(f'{tmp_path}/train_state_2.msgpack', 'wb').close()
+    training.train(tiny_model(), data_dir, str(tmp_path), small_cfg(steps=1))

@@ -18,8 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_t5x.algorithm import api, batching, network, sampling, theory, timing
-from specdec_t5x.integration import draft_files
-from specdec_t5x.research import training
+from specdec_t5x.integration import draft_files, model_dir
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEMO_DIR = os.path.join(REPO_ROOT, 'checkpoints', 'demo')
@@ -34,11 +33,11 @@ ModelAndParams = Tuple[Any, Any]
 
 
 def load_model(name: str, task: str = 'ende', root: str = DEMO_DIR) -> ModelAndParams:
-  """(module, float32 params) of a demo model (training.load_exported of root/name), or
+  """(module, float32 params) of a demo model (model_dir.load of root/name), or
   of the task's n-gram draft ('unigram'/'bigram')."""
   if name in NGRAMS:
     return draft_files.load_ngram(os.path.join(root, f'{name}_{task}.npz'))
-  config, params = training.load_exported(os.path.join(root, name))
+  config, params = model_dir.load(os.path.join(root, name))
   return network.Transformer(config), params
 
 
