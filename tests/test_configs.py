@@ -3,8 +3,10 @@ Table 2 (specdec_t5x/research/paper.py, which also renders the row files).
 
 Parsing uses the real runner's gin set-up (specdec_t5x.infer.parse_gin); nothing is run.
 """
+import os
 import pathlib
 import re
+import sys
 
 import gin
 import pytest
@@ -160,3 +162,18 @@ def test_tiny_config_parses():
   infer.parse_gin(['configs/spec_tiny_test.gin'], ["INFER_OUTPUT_DIR = '/tmp/unused'"])
   assert _macro('MIXTURE_OR_TASK_NAME') == tasks.DEMO_ENDE
   assert _macro('TARGET_CONFIG').vocab_size >= 8000
+
+
+def test_paper_row_parses_from_another_directory_with_search_paths(tmp_path, monkeypatch):
+  """As T5X: gin files and includes resolve against the cwd or --gin_search_paths; the
+  runner adds no path of its own."""
+  monkeypatch.chdir(tmp_path)
+  # gin's package-resource reader fails (TypeError) on a path whose first directory is an
+  # importable namespace package, as configs/ is while the checkout is on sys.path.
+  monkeypatch.setattr(sys, 'path', [p for p in sys.path
+                                    if os.path.abspath(p or '.') != str(CONFIGS.parent)])
+  bindings = ["INFER_OUTPUT_DIR = '/tmp/unused'"]
+  with pytest.raises(FileNotFoundError, match='not found'):
+    infer.parse_gin(['configs/spec_t5_small_xxl.gin'], bindings)
+  infer.parse_gin(['configs/spec_t5_small_xxl.gin'], bindings, [str(CONFIGS.parent)])
+  assert _macro('GAMMA') == 7 and _macro('MIXTURE_OR_TASK_NAME') == tasks.WMT_ENDE
