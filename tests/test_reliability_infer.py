@@ -50,7 +50,7 @@ def finished(tmp_path_factory):
 
 def test_a_second_runner_fails_fast_naming_the_holder(tmp_path):
   holder = subprocess.Popen(
-      [sys.executable, '-c', 'import sys, time; from specdec_t5x import run_dir; '
+      [sys.executable, '-c', 'import sys, time; from specdec_t5x.integration import run_dir; '
        f'lock = run_dir.DirLock({str(tmp_path)!r}).acquire(); print("held", flush=True); '
        'time.sleep(120)'],
       cwd=REPO, stdout=subprocess.PIPE, text=True,
