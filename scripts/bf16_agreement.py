@@ -286,7 +286,7 @@ def main(argv=None) -> None:
   p.add_argument('--diagnose', action='store_true',
                  help='only locate the first bitwise difference of a verify-shaped call')
   p.add_argument('--repeats', type=int, default=20)
-  p.add_argument('--out', default=os.path.join(evaluation.REPO_ROOT, 'results', 'bf16_agreement'))
+  p.add_argument('--out', default=os.path.join('results', 'bf16_agreement'))
   args = p.parse_args(argv)
   if args.diagnose:
     run_diagnosis(args)

@@ -12,7 +12,7 @@ import pytest
 from conftest import random_inputs
 
 from specdec_t5x.algorithm import api, batching
-from specdec_t5x.integration import infer
+from specdec_t5x.integration import infer_run
 
 
 @pytest.mark.parametrize('n, max_len, min_len, expected', [
@@ -79,7 +79,7 @@ class _Vocab:
 
 
 class _RecordingModel:
-  """Stands in for the model in infer._BatchRunner: records input shapes, decodes 5 7 EOS."""
+  """Stands in for the model in infer_run.BatchRunner: records input shapes, decodes 5 7 EOS."""
   eos_id = 1
 
   def __init__(self):
@@ -90,13 +90,13 @@ class _RecordingModel:
     self.shapes.append(batch['encoder_input_tokens'].shape)
     b = batch['encoder_input_tokens'].shape[0]
     decodes = np.tile(np.array([[5, 7, 1, 0]], np.int32), (b, 1))
-    aux = {k: np.full((b,), 3, np.int32) for k in infer._COUNTERS}
+    aux = {k: np.full((b,), 3, np.int32) for k in infer_run.COUNTERS}
     return decodes, aux, {'accepted_length_histogram': np.array([1, 2], np.int32)}
 
 
 def test_runner_pads_to_buckets_and_times_only_compiled_shapes():
   model = _RecordingModel()
-  runner = infer._BatchRunner(model, None, None, _Vocab(), input_len=128, max_len=4,
+  runner = infer_run.BatchRunner(model, None, None, _Vocab(), input_len=128, max_len=4,
                               rng=jax.random.PRNGKey(0))
   rows = lambda *lengths: [{'inputs': np.arange(2, 2 + n, dtype=np.int32)} for n in lengths]
   first, second = {}, {}
@@ -107,7 +107,7 @@ def test_runner_pads_to_buckets_and_times_only_compiled_shapes():
   runner.run(4, rows(33, 64), second)  # bucket 64 again: timed
   assert model.shapes == [(2, 16), (2, 16), (2, 64), (1, 128), (2, 64)]
   assert '"prediction": "5 7"' in lines[0]
-  total = infer._sum_chunks([first, second])
+  total = infer_run.sum_chunks([first, second])
   assert [b for b, _ in total['warm_batch_seconds']] == [1, 4]
   assert total['warm_tokens'] == 2 * 2 * 3 and total['generated_tokens'] == 5 * 2 * 3 - 3
   assert total['warm_seconds'] == pytest.approx(sum(s for _, s in total['warm_batch_seconds']))

@@ -1,9 +1,12 @@
-"""The gin files under configs/: every paper-row config parses and matches PAPER.md Table 2.
+"""The gin files under configs/: every paper-row config parses and matches the paper's
+Table 2 (specdec_t5x/research/paper.py, which also renders the row files).
 
 Parsing uses the real runner's gin set-up (specdec_t5x.infer.parse_gin); nothing is run.
 """
+import os
 import pathlib
 import re
+import sys
 
 import gin
 import pytest
@@ -15,6 +18,7 @@ from specdec_t5x.integration import tasks
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / 'configs'
 CKPT = 'gs://t5-data/pretrained_models/t5x/t5_1_1_{}/checkpoint_1000000'
+ROW_MACROS = {'DRAFT_CONFIG', 'DRAFT_CHECKPOINT', 'GAMMA', 'TEMPERATURE'}
 
 # Leviathan et al. (2023), Table 2 (specdec_t5x.paper): file -> (task, draft, temperature, gamma).
 TABLE_2 = {r.config: (r.task, r.draft, r.temperature, r.gamma) for r in paper.TABLE_2}
@@ -73,6 +77,37 @@ def test_paper_row_config_matches_table_2(name):
   assert set(lengths) == {'inputs', 'targets'}
 
 
+@pytest.mark.parametrize('row', paper.TABLE_2, ids=lambda r: r.config)
+def test_paper_row_file_is_its_rendered_row(row):
+  """One source: each row file is paper.config_text of its TABLE_2 row, a header and the
+  row's macros over the task's shared base (paper.write_configs rewrites them)."""
+  text = (CONFIGS / row.config).read_text()
+  assert text == paper.config_text(row), (
+      f'{row.config} differs from specdec_t5x/research/paper.py; regenerate with: python -c '
+      '"from specdec_t5x.research import paper; paper.write_configs(\'configs\')"')
+  body = text.split('from __gin__')[1]
+  assert set(re.findall(r'^(\w+) = ', body, re.M)) == ROW_MACROS
+  assert re.findall(r"^include '([^']+)'", body, re.M) == [
+      'configs/models/t5_1_1_xxl.gin', f'configs/models/t5_1_1_{row.draft}.gin',
+      paper.BASES[row.task]]
+  assert len([line for line in body.splitlines() if line.strip()]) <= 10  # a few lines
+
+
+@pytest.mark.parametrize('task', paper.TASKS)
+def test_paper_base_lists_the_row_macros_and_sets_the_rest(task):
+  path = CONFIGS.parent / paper.BASES[task]
+  text = path.read_text()
+  header = text.split('from __gin__')[0]
+  for macro in ROW_MACROS | {'INFER_OUTPUT_DIR'}:
+    assert macro in header, macro
+  assert re.findall(r"^include '([^']+)'", text, re.M) == ['configs/runs/infer.gin']
+  assert set(re.findall(r'^(\w+) = ', text, re.M)) == {
+      'MIXTURE_OR_TASK_NAME', 'TASK_FEATURE_LENGTHS', 'BATCH_SIZE', 'TARGET_CONFIG',
+      'TARGET_CHECKPOINT'}
+  assert f"TARGET_CHECKPOINT = '{CKPT.format(paper.TARGET)}'" in text
+  assert f"MIXTURE_OR_TASK_NAME = '{TASKS[task]}'" in text
+
+
 @pytest.mark.parametrize('version,sizes', [('1_1', T5_1_1), ('1_0', T5_1_0)])
 def test_model_size_files(version, sizes):
   for size, dims in sizes.items():
@@ -127,3 +162,18 @@ def test_tiny_config_parses():
   infer.parse_gin(['configs/spec_tiny_test.gin'], ["INFER_OUTPUT_DIR = '/tmp/unused'"])
   assert _macro('MIXTURE_OR_TASK_NAME') == tasks.DEMO_ENDE
   assert _macro('TARGET_CONFIG').vocab_size >= 8000
+
+
+def test_paper_row_parses_from_another_directory_with_search_paths(tmp_path, monkeypatch):
+  """As T5X: gin files and includes resolve against the cwd or --gin_search_paths; the
+  runner adds no path of its own."""
+  monkeypatch.chdir(tmp_path)
+  # gin's package-resource reader fails (TypeError) on a path whose first directory is an
+  # importable namespace package, as configs/ is while the checkout is on sys.path.
+  monkeypatch.setattr(sys, 'path', [p for p in sys.path
+                                    if os.path.abspath(p or '.') != str(CONFIGS.parent)])
+  bindings = ["INFER_OUTPUT_DIR = '/tmp/unused'"]
+  with pytest.raises(FileNotFoundError, match='not found'):
+    infer.parse_gin(['configs/spec_t5_small_xxl.gin'], bindings)
+  infer.parse_gin(['configs/spec_t5_small_xxl.gin'], bindings, [str(CONFIGS.parent)])
+  assert _macro('GAMMA') == 7 and _macro('MIXTURE_OR_TASK_NAME') == tasks.WMT_ENDE

@@ -16,7 +16,7 @@ import gin
 import pytest
 from conftest import train_tiny_spm
 
-from specdec_t5x.integration import infer, run_dir, tasks, vocab_check
+from specdec_t5x.integration import demo, infer, run_dir, tasks, vocab_check
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 OUTPUT = 'demo_ende-predict_with_aux.jsonl-00000-of-00001'  # mode: T5X's default
@@ -130,12 +130,12 @@ def test_kill_during_finalisation_loses_no_chunk(tmp_path, monkeypatch, finished
   def killed(path, text):
     raise KeyboardInterrupt(f'killed writing {path}')
 
-  real = infer.write_atomic
-  monkeypatch.setattr(infer, 'write_atomic',
+  real = run_dir.write_atomic  # the runner's one atomic write (infer, infer_run)
+  monkeypatch.setattr(run_dir, 'write_atomic',
                       lambda p, t: killed(p, t) if p.endswith('metrics.json') else real(p, t))
   with pytest.raises(KeyboardInterrupt):
     _run(tmp_path, '--gin.infer.compare_baseline=True')
-  monkeypatch.setattr(infer, 'write_atomic', real)
+  monkeypatch.setattr(run_dir, 'write_atomic', real)
   gin.clear_config()
   metrics = _run(tmp_path, '--gin.infer.compare_baseline=True')
   assert metrics['resumed_chunks'] == metrics['num_examples'] // 4  # All: batch 4, period 1.
@@ -215,4 +215,4 @@ def test_demo_checkpoints_record_the_demo_vocabulary():
       for name in ('demo_target', 'demo_draft_m', 'demo_draft_s')})
   for name in ('demo_target', 'demo_draft_m', 'demo_draft_s'):
     assert vocab_check.find_record(str(REPO / 'checkpoints' / 'demo' / name))['sha256'] == (
-        vocab_check.file_sha256(tasks.DEMO_VOCAB_PATH))
+        vocab_check.file_sha256(demo.vocab_path(REPO)))

@@ -30,7 +30,7 @@ from t5x.examples.t5 import network as t5x_network
 import seqio
 
 from specdec_t5x.algorithm import network
-from specdec_t5x.integration import tasks
+from specdec_t5x.integration import demo, tasks
 from specdec_t5x.research import paper, t5x_reference
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -124,7 +124,7 @@ def _t5x_infer(env, out, fmt, *extra):
            f"--gin.INFER_OUTPUT_DIR='{out}'",
            f"--gin.MIXTURE_OR_TASK_NAME='{TASK}'",
            "--gin.MIXTURE_OR_TASK_MODULE='tiny_demo_tasks'",
-           f"--gin.VOCAB_PATH='{tasks.DEMO_VOCAB_PATH}'", '--gin.VOCAB_EXTRA_IDS=0',
+           f"--gin.VOCAB_PATH='{demo.vocab_path(REPO)}'", '--gin.VOCAB_EXTRA_IDS=0',
            f'--gin.TASK_FEATURE_LENGTHS={LENGTHS!r}', "--gin.CHECKPOINT_DTYPE='float32'"]
   flags += [f'--gin.t5_1_1/network.T5Config.{k}={v!r}' for k, v in COMMON.items()]
   flags += [f'--gin.t5_1_1/{size}/network.T5Config.{k}={v}'

@@ -13,6 +13,10 @@ device). Results go to chunk files under `tmp-{task}-{shard}-of-{n}/` every
 `checkpoint_period` batches, recorded in `progress.json` (temp file + rename); a rerun
 with the same output_dir resumes after the last completed chunk, and the final file is
 assembled atomically, so an interrupted run loses and duplicates nothing.
+
+Gin files and their includes are found relative to the current directory or
+--gin_search_paths, as T5X finds them: run from the repository root. The batch loop and
+the chunk files are in infer_run.py, the jsonl lines and metrics.json in infer_output.py.
 """
 
 from __future__ import annotations
@@ -24,177 +28,18 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
-import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import gin
 import jax
-from jax.experimental import multihost_utils
-import numpy as np
 import seqio
 from tqdm import tqdm
 
-from specdec_t5x.algorithm import batching, timing
-from specdec_t5x.integration import gin_checks, models, run_dir, tasks, vocab_check
+from specdec_t5x.integration import gin_checks, infer_output, run_dir, tasks, vocab_check
+from specdec_t5x.integration.infer_run import BatchRunner, ChunkStore, load_examples
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODES = ('predict', 'predict_with_aux')
-_COUNTERS = models.PER_EXAMPLE_STATS
-_PER_BATCH = 'warm_batch_seconds'  # [[batch index, seconds], ...] of batches not compiling
-
-
-write_atomic = run_dir.write_atomic  # (module-level, so tests can interrupt it)
-
-
-class ChunkStore:
-  """Chunk files and the `progress.json` manifest of one (task, shard) run."""
-
-  def __init__(self, tmp_dir: str, output_fname: str, fingerprint: Mapping[str, Any]):
-    self.tmp_dir, self.output_fname = tmp_dir, output_fname
-    self.manifest_path = os.path.join(tmp_dir, 'progress.json')
-    self.fingerprint = json.loads(json.dumps(fingerprint))
-    os.makedirs(tmp_dir, exist_ok=True)
-    self.chunks: Dict[str, Dict[str, Any]] = {}
-    if os.path.exists(self.manifest_path):
-      with open(self.manifest_path, encoding='utf-8') as f:
-        manifest = json.load(f)
-      run_dir.check_settings(manifest['fingerprint'], self.fingerprint, tmp_dir, 'an unfinished')
-      self.chunks = {c: info for c, info in manifest['chunks'].items()
-                     if self._lines(int(c)) == info['examples']}
-
-  def path(self, chunk: int) -> str:
-    return os.path.join(self.tmp_dir, f'{self.output_fname}-chunk{chunk:05}')
-
-  def _lines(self, chunk: int) -> int:
-    path = self.path(chunk)
-    return sum(1 for _ in open(path, encoding='utf-8')) if os.path.exists(path) else -1
-
-  def done(self, chunk: int) -> bool:
-    return str(chunk) in self.chunks
-
-  def write(self, chunk: int, lines: Sequence[str], info: Dict[str, Any]) -> None:
-    write_atomic(self.path(chunk), ''.join(line + '\n' for line in lines))
-    self.chunks[str(chunk)] = dict(info, examples=len(lines))
-    write_atomic(self.manifest_path, json.dumps(
-        {'fingerprint': self.fingerprint, 'chunks': self.chunks}, indent=1))
-
-  def assemble(self, num_chunks: int, output_path: str) -> None:
-    tmp = f'{output_path}.tmp-{os.getpid()}'
-    with open(tmp, 'wb') as out:
-      for chunk in range(num_chunks):
-        with open(self.path(chunk), 'rb') as f:
-          shutil.copyfileobj(f, out)
-    os.replace(tmp, output_path)
-
-
-def load_examples(task_name: str, dataset_cfg: Any, *, allow_truncation: bool,
-                  num_examples: Optional[int], shard_id: int, num_shards: int) -> List[dict]:
-  """This shard's examples as numpy dicts; inputs too long raise unless truncation is on."""
-  try:
-    examples = list(tasks.get_dataset(
-        task_name, dataset_cfg.split, dataset_cfg.task_feature_lengths, num_examples,
-        truncate=allow_truncation).as_numpy_iterator())
-  except ValueError as e:
-    if 'input tokens' not in str(e):
-      raise
-    raise ValueError(f'{e} To cut such inputs instead (as T5X does), leave '
-                     '--gin.infer.allow_truncation at True.') from e
-  if not examples[shard_id::num_shards]:
-    raise ValueError(f'{task_name}:{dataset_cfg.split} has no examples for shard {shard_id}.')
-  for index, example in enumerate(examples):  # Fail before decoding, not in _json_line.
-    for key, value in example.items():
-      if key.endswith('_pretokenized') and isinstance(value, bytes):
-        try:
-          value.decode('utf-8')
-        except UnicodeDecodeError as e:
-          raise ValueError(f'{task_name}:{dataset_cfg.split} example {index} has invalid '
-                           f'UTF-8 in {key!r} at byte {e.start}: {value[:80]!r}; fix or '
-                           're-encode the source as UTF-8.') from None
-  return examples[shard_id::num_shards]
-
-
-def _text(value: Any) -> Any:
-  return value.decode('utf-8') if isinstance(value, bytes) else value
-
-
-def _json_line(example: Mapping[str, Any], prediction: str, aux: Mapping[str, int]) -> str:
-  inputs = {k: _text(v) for k, v in example.items() if k.endswith('_pretokenized')}
-  return json.dumps({'inputs': inputs, 'prediction': prediction, 'aux': dict(aux)},
-                    ensure_ascii=False)
-
-
-def _decode(vocab: Any, tokens: np.ndarray, eos_id: int) -> str:
-  ids = [int(t) for t in tokens]
-  ids = ids[:ids.index(eos_id)] if eos_id in ids else ids
-  return _text(vocab.decode([t for t in ids if t != 0]))
-
-
-def task_metrics(task: Any, output_path: str) -> Optional[Dict[str, float]]:
-  """The task's metric fns on (targets, predictions) of the final file, if targets exist."""
-  with open(output_path, encoding='utf-8') as f:
-    rows = [json.loads(line) for line in f]
-  if not rows or not all('targets_pretokenized' in r['inputs'] for r in rows):
-    return None
-  targets = [task.postprocess_fn(r['inputs']['targets_pretokenized'], example=r['inputs'],
-                                 is_target=True) for r in rows]
-  preds = [task.postprocess_fn(r['prediction'], example=r['inputs'], is_target=False)
-           for r in rows]
-  scores: Dict[str, float] = {}
-  for fn in getattr(task, 'predict_metric_fns', task.metric_fns):
-    scores.update({k: float(v) for k, v in fn(targets, preds).items()})
-  return scores
-
-
-class _BatchRunner:
-  """Decodes one batch of examples into jsonl lines, adding its statistics to a chunk's."""
-
-  def __init__(self, model: Any, params: Any, partitioner: Any, vocab: Any, input_len: int,
-               max_len: int, rng: jax.Array):
-    self.model, self.params, self.partitioner, self.vocab = model, params, partitioner, vocab
-    self.input_len, self.max_len, self.rng = input_len, max_len, rng
-    self.batches_run = 0
-    self.shapes_run: set = set()
-
-  def run(self, index: int, rows: Sequence[Mapping[str, Any]],
-          info: Dict[str, Any]) -> List[str]:
-    # Padded to the smallest length bucket that holds the batch (batching.py): the same
-    # tokens as padding to input_len, with encoders run over fewer positions.
-    enc = batching.pad_batch([ex['inputs'] for ex in rows], self.input_len)
-    batch = {'encoder_input_tokens': enc,
-             'decoder_input_tokens': np.zeros((len(rows), self.max_len), np.int32)}
-    compiles = enc.shape not in self.shapes_run  # The first batch of a shape compiles.
-    self.shapes_run.add(enc.shape)
-    if self.partitioner is not None:
-      batch = {k: self.partitioner.shard_batch(v) for k, v in batch.items()}
-    tick = time.perf_counter()
-    out = self.model.predict_batch_with_stats(self.params, batch,
-                                              rng=jax.random.fold_in(self.rng, index))
-    decodes, aux, batch_stats = multihost_utils.process_allgather(out, tiled=True)
-    seconds = time.perf_counter() - tick
-    stats = {k: int(np.sum(aux[k])) for k in _COUNTERS}
-    stats['accepted_length_histogram'] = batch_stats['accepted_length_histogram']
-    stats['seconds'] = seconds
-    if not compiles:
-      stats.update(warm_seconds=seconds, warm_tokens=stats['generated_tokens'])
-      info.setdefault(_PER_BATCH, []).append([index, seconds])
-    for k, v in stats.items():
-      info[k] = np.add(info.get(k, 0), v).tolist()
-    self.batches_run += 1
-    return [_json_line(ex, _decode(self.vocab, decodes[r], self.model.eos_id),
-                       {k: int(aux[k][r]) for k in _COUNTERS}) for r, ex in enumerate(rows)]
-
-
-def _sum_chunks(infos: List[Dict[str, Any]]) -> Dict[str, Any]:
-  total: Dict[str, Any] = {}
-  for info in infos:
-    for k, v in info.items():
-      if k == _PER_BATCH:  # a list per batch: concatenated, not summed
-        total[k] = total.get(k, []) + list(v)
-        continue
-      total[k] = (np.add(total[k], v) if k in total else np.asarray(v)).tolist()
-  return total
 
 
 @run_dir.holds_output_dir_lock
@@ -293,7 +138,7 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
                 f'tmp-{name}-baseline-{shard_id:05}'))
   if finished is not None:  # Same settings, already done: nothing to decode.
     if 'baseline' in finished and jax.process_index() == 0:
-      _print_summary(finished)
+      infer_output.print_summary(finished)
     return finished if jax.process_index() == 0 else {}
   store = ChunkStore(os.path.join(output_dir, f'tmp-{name}-{shard_id:05}-of-{num_shards:05}'),
                      output_fname, fingerprint)
@@ -305,7 +150,7 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
     base_store = ChunkStore(os.path.join(output_dir, f'tmp-{name}-baseline-{shard_id:05}'),
                             base_fname, fingerprint)
   if shard_id == 0 and jax.process_index() == 0:  # Only once the settings are known good.
-    write_atomic(os.path.join(output_dir, 'config.gin'), gin.config_str())
+    run_dir.write_atomic(os.path.join(output_dir, 'config.gin'), gin.config_str())
   todo = [c for c in range(num_chunks)
           if not store.done(c) or (base_store is not None and not base_store.done(c))]
   resumed = num_chunks - len(todo)
@@ -319,9 +164,9 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
     if model.is_speculative:
       model.draft_params = place(model.draft_params)
     rng = jax.random.fold_in(jax.random.PRNGKey(decode_seed), shard_id)
-    runner = _BatchRunner(model, params, partitioner, vocab, lengths['inputs'], max_len, rng)
-    base_runner = base_model and _BatchRunner(base_model, params, partitioner, vocab,
-                                              lengths['inputs'], max_len, rng)
+    runner = BatchRunner(model, params, partitioner, vocab, lengths['inputs'], max_len, rng)
+    base_runner = base_model and BatchRunner(base_model, params, partitioner, vocab,
+                                             lengths['inputs'], max_len, rng)
     bar = tqdm(total=num_batches, initial=resumed * period, desc=name, unit='batch')
     for chunk in todo:
       lines: List[str] = []
@@ -346,11 +191,12 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
 
   output_path = os.path.join(output_dir, output_fname)
   store.assemble(num_chunks, output_path)
-  total = _sum_chunks([store.chunks[str(c)] for c in range(num_chunks)])
+  total = store.total(num_chunks)
   at_limit = sum(len(ex['inputs']) >= lengths['inputs'] for ex in examples)
-  metrics = _metrics(task, output_path, total, settings, resumed_chunks=resumed,
-                     num_examples=len(examples), batch_size=batch_size,
-                     inputs_at_length_limit=int(at_limit))
+  metrics = infer_output.run_metrics(task, output_path, total, settings,
+                                     resumed_chunks=resumed, num_examples=len(examples),
+                                     batch_size=batch_size,
+                                     inputs_at_length_limit=int(at_limit))
   metrics['decode_seed'] = decode_seed
   metrics['run_settings'] = fingerprint  # checked by the next run in this output_dir
   if getattr(model, 'gamma_choice', None):  # gamma='auto': what was measured and chosen
@@ -358,60 +204,16 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
   if base_store is not None:
     base_path = os.path.join(output_dir, base_fname)
     base_store.assemble(num_chunks, base_path)
-    base = _sum_chunks([base_store.chunks[str(c)] for c in range(num_chunks)])
-    warm = base.get('warm_seconds', 0.0)
-    metrics['baseline'] = {
-        'predictions_file': base_fname, 'metrics': task_metrics(task, base_path),
-        'wall_seconds': base.get('seconds', 0.0), 'warm_seconds': warm,
-        'tokens_per_second': base.get('warm_tokens', 0) / warm if warm else None,
-        **models.summarize_stats(base)}
     # Batch by batch, over the batches that compiled in neither run (same inputs).
-    spec_s = {int(b): t for b, t in total.get(_PER_BATCH, [])}
-    base_s = {int(b): t for b, t in base.get(_PER_BATCH, [])}
-    paired = sorted(set(spec_s) & set(base_s))
-    speed = timing.paired_speedup([base_s[b] for b in paired],
-                                        [spec_s[b] for b in paired])
-    metrics['walltime_speedup'] = speed['pooled']
-    metrics['walltime_speedup_stats'] = speed
-    _print_summary(metrics)
+    infer_output.add_baseline(metrics, task, base_path, base_store.total(num_chunks), total)
+    infer_output.print_summary(metrics)
   # metrics.json first: a kill before the tmp dirs are gone leaves a finished run (the
   # rerun returns it), never a run without its chunks.
-  write_atomic(os.path.join(output_dir, metrics_name), json.dumps(metrics, indent=1))
+  run_dir.write_atomic(os.path.join(output_dir, metrics_name), json.dumps(metrics, indent=1))
   for tmp_store in (base_store, store):
     if tmp_store is not None:
       shutil.rmtree(tmp_store.tmp_dir, ignore_errors=True)
   return metrics
-
-
-def _print_summary(m: Mapping[str, Any]) -> None:
-  """The demo's few lines: quality, acceptance and speed, speculative vs baseline."""
-  def fmt(scores):
-    return ', '.join(f'{k} {v:.2f}' for k, v in (scores or {}).items())
-  print(f"{m['task']}: speculative [{fmt(m.get('metrics'))}] vs baseline "
-        f"[{fmt(m['baseline'].get('metrics'))}]")
-  choice = m.get('gamma_choice')
-  gamma = (f"{choice['gamma']} (auto: alpha {choice['alpha']:.2f}, c {choice['c']:.2f})"
-           if choice else m.get('gamma'))
-  print(f"alpha {m.get('alpha_empirical') or 0:.3f}, "
-        f"{m.get('mean_tokens_per_target_call') or 0:.2f} tokens per target call, gamma "
-        f"{gamma}")
-  print(f"walltime speedup {timing.format_speedup(m.get('walltime_speedup_stats'))}")
-
-
-def _metrics(task: Any, output_path: str, total: Dict[str, Any], settings: Dict[str, Any],
-             **extra: Any) -> Dict[str, Any]:
-  devices = jax.devices()
-  seconds, warm_seconds = total.get('seconds', 0.0), total.get('warm_seconds', 0.0)
-  return {
-      'task': task.name, 'predictions_file': os.path.basename(output_path),
-      'metrics': task_metrics(task, output_path), **extra, 'wall_seconds': seconds,
-      'tokens_per_second': total.get('generated_tokens', 0) / seconds if seconds else None,
-      'tokens_per_second_excluding_first_batch': (
-          total.get('warm_tokens', 0) / warm_seconds if warm_seconds else None),
-      **models.summarize_stats(total), **settings, 'git_revision': run_dir.git_revision(),
-      'device_kind': devices[0].device_kind, 'platform': devices[0].platform,
-      'num_devices': len(devices),
-  }
 
 
 _MISSING_MACRO = (re.compile(r"(\w+)/macro\.value set to `%gin\.REQUIRED`"),
@@ -433,8 +235,11 @@ def rewrite_gin_args(argv: Sequence[str]) -> List[str]:
 
 def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str] = (),
               search_paths: Sequence[str] = ('.',)) -> Any:
-  """Clears gin, parses files then bindings (paths also relative to the repo root), and
-  returns the gin-configurable `infer` that the files bind as `infer_script.infer`."""
+  """Clears gin, parses files then bindings, and returns the gin-configurable `infer`
+  that the files bind as `infer_script.infer`.
+
+  Files and their includes are looked up as T5X's gin_utils does: as given (relative to
+  the current directory), then under each of `search_paths`."""
   # Gin files say `import __main__ as infer_script`; when this runs inside another program
   # (tests, notebooks) expose this module's `infer` there, as running the script does.
   main_module = sys.modules['__main__']
@@ -442,7 +247,7 @@ def parse_gin(gin_files: Sequence[str], gin_bindings: Sequence[str] = (),
     main_module.infer = infer
   gin.clear_config()
   infer_using_gin = gin.configurable(main_module.infer)
-  roots = [p for p in search_paths if p] + [REPO_ROOT]
+  roots = [p for p in search_paths if p]
   for path in roots:
     gin.add_config_file_search_path(path)
   gin_checks.check_macro_bindings(gin_bindings, gin_checks.defined_macros(gin_files, roots))
@@ -458,7 +263,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   parser.add_argument('--gin_file', action='append', default=[], help='gin file(s), in order')
   parser.add_argument('--gin_bindings', action='append', default=[], help='one gin binding')
   parser.add_argument('--gin_search_paths', default='.',
-                      help='comma-separated prefixes for gin files (repo root is appended)')
+                      help='comma-separated prefixes for gin files and includes')
   parser.add_argument('--tfds_data_dir', default=None, help='TFDS data dir override')
   parser.add_argument('--shard_id', type=int, default=None, help='overrides infer.shard_id')
   parser.add_argument('--multihost', action='store_true',

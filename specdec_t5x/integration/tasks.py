@@ -8,7 +8,8 @@ Importing this module registers four tasks (lazily: no vocabulary or data is rea
   (TFDS `cnn_dailymail:3.4.0`, metric ROUGE).
 - `demo_ende`, `demo_summarize`: offline stand-ins read from TSV files of raw
   `inputs<TAB>targets` lines (splits train/validation/test, see `demo_tsv_path`);
-  BLEU and ROUGE respectively.
+  BLEU and ROUGE respectively. Their vocabulary and data are found under the demo root
+  (`demo.root`: the current directory unless told otherwise), resolved when registering.
 
 Preprocessing is T5's: inputs "translate English to German: <en>" (targets German) or
 "summarize: <article>" (targets the highlights); tokenize, keeping `inputs_pretokenized`
@@ -27,14 +28,10 @@ from typing import Dict, List, Mapping, Optional
 import seqio
 import tensorflow as tf
 
-from specdec_t5x.integration import metrics
+from specdec_t5x.integration import demo, metrics
 
 T5_VOCAB_PATH = 'gs://t5-data/vocabs/cc_all.32000/sentencepiece.model'
 T5_EXTRA_IDS = 100  # t5.data.DEFAULT_EXTRA_IDS: sentinels <extra_id_0..99>.
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-DEMO_VOCAB_PATH = str(REPO_ROOT / 'data' / 'vocab' / 'demo_spm.model')
-DEMO_DATA_DIR = str(REPO_ROOT / 'data' / 'corpus')
-DEMO_SAMPLE_DIR = str(REPO_ROOT / 'data' / 'demo')
 
 WMT_ENDE = 'specdec_wmt_t2t_ende_v003'
 CNN_DAILYMAIL = 'specdec_cnn_dailymail_v002'
@@ -45,6 +42,7 @@ DEMO_SPLITS = ('train', 'validation', 'test')
 
 TRANSLATE_PREFIX = 'translate English to German: '  # T5's translate(en -> de).
 SUMMARIZE_PREFIX = 'summarize: '  # T5's summarize: join(['summarize:', article], ' ').
+PREFIXES = {'ende': TRANSLATE_PREFIX, 'summarize': SUMMARIZE_PREFIX}  # by demo task name
 
 
 def _text_pair(prefix: str, input_key: str, target_key: str):
@@ -79,9 +77,10 @@ def demo_tsv_path(name: str, split: str, data_dir: Optional[str] = None,
   Args:
     name: 'ende' or 'summarize'.
     split: one of DEMO_SPLITS.
-    data_dir: corpus root holding `{name}/{split}.tsv`; default `data/corpus`.
+    data_dir: corpus root holding `{name}/{split}.tsv`; default `demo.corpus_dir()`
+      (`data/corpus` under the demo root).
     sample_dir: holds the committed `{name}_test.tsv`, used for split 'test' when the
-      corpus lacks it; default `data/demo`.
+      corpus lacks it; default `demo.sample_dir()` (`data/demo` under the demo root).
 
   Returns:
     The path of an existing file.
@@ -92,14 +91,16 @@ def demo_tsv_path(name: str, split: str, data_dir: Optional[str] = None,
   if split not in DEMO_SPLITS:
     raise ValueError(f'Unknown split {split!r} for demo task {name!r}; '
                      f'expected one of {DEMO_SPLITS}.')
-  candidates = [pathlib.Path(data_dir or DEMO_DATA_DIR) / name / f'{split}.tsv']
+  candidates = [pathlib.Path(data_dir or demo.corpus_dir()) / name / f'{split}.tsv']
   if split == 'test':
-    candidates.append(pathlib.Path(sample_dir or DEMO_SAMPLE_DIR) / f'{name}_test.tsv')
+    candidates.append(pathlib.Path(sample_dir or demo.sample_dir()) / f'{name}_test.tsv')
   for path in candidates:
     if path.is_file():
       return str(path)
-  raise FileNotFoundError(f'No {split} data for demo task {name!r}; looked for: '
-                          + ', '.join(str(p) for p in candidates))
+  raise FileNotFoundError(
+      f'No {split} data for demo task {name!r}; looked for: '
+      + ', '.join(str(p) for p in candidates) + f' (demo root: the current directory '
+      f'unless ${demo.ROOT_ENV} or register_tasks(demo_root=...) says otherwise).')
 
 
 @functools.lru_cache(maxsize=16)
@@ -137,9 +138,20 @@ def _demo_dataset_fn(split: str, shuffle_files: bool, seed: Optional[int] = None
   return tf.data.TextLineDataset(path)
 
 
-def _output_features(vocab_path: str, extra_ids: int) -> Dict[str, seqio.Feature]:
+class _DemoVocabulary(seqio.SentencePieceVocabulary):
+  """The demo tasks' default vocabulary: on first use, a missing file raises a
+  FileNotFoundError that names it and the demo root (demo.require), not TF's bare one."""
+
+  def _model_context(self):
+    if not self._model:
+      demo.require(self.sentencepiece_model_file, 'demo vocabulary')
+    return super()._model_context()
+
+
+def _output_features(vocab_path: str, extra_ids: int,
+                     vocab_cls=seqio.SentencePieceVocabulary) -> Dict[str, seqio.Feature]:
   # As t5.data.tasks.DEFAULT_OUTPUT_FEATURES; the vocabulary file is read lazily.
-  vocab = seqio.SentencePieceVocabulary(vocab_path, extra_ids=extra_ids)
+  vocab = vocab_cls(vocab_path, extra_ids=extra_ids)
   return {
       'inputs': seqio.Feature(vocabulary=vocab, add_eos=True, required=False),
       'targets': seqio.Feature(vocabulary=vocab, add_eos=True),
@@ -166,31 +178,37 @@ def register_tasks(vocab_path: Optional[str] = None,
                    *,
                    extra_ids: Optional[int] = None,
                    tfds_data_dir: Optional[str] = None,
-                   sample_dir: Optional[str] = None) -> List[str]:
+                   sample_dir: Optional[str] = None,
+                   demo_root: Optional[str] = None) -> List[str]:
   """(Re-)registers the four tasks, replacing any earlier registration of them.
 
   Args:
     vocab_path: SentencePiece model for all four tasks. None: T5's public
-      `cc_all.32000` (T5_VOCAB_PATH) for the WMT/CNN tasks and `data/vocab/demo_spm.model`
-      for the demo tasks. Nothing is read until a dataset is built.
+      `cc_all.32000` (T5_VOCAB_PATH) for the WMT/CNN tasks and the demo vocabulary
+      (`demo.vocab_path(demo_root)`) for the demo tasks. Nothing is read until used.
     data_dir: demo corpus root holding `{ende,summarize}/{train,validation,test}.tsv`;
-      default `data/corpus` in the repository.
+      default `demo.corpus_dir(demo_root)`.
     extra_ids: sentinel ids appended to the vocabulary. None: 100 for T5's vocabulary
       (as T5), 0 for any other.
     tfds_data_dir: TFDS data directory for the WMT/CNN sources (None: TFDS's default).
     sample_dir: directory of the committed `{ende,summarize}_test.tsv` samples, used for
-      split 'test' when `data_dir` lacks it; default `data/demo` in the repository.
+      split 'test' when `data_dir` lacks it; default `demo.sample_dir(demo_root)`.
+    demo_root: the directory the demo defaults are under (demo.root: None means
+      $SPECDEC_DEMO_ROOT, else the current directory), resolved now.
 
   Returns:
     The registered task names (TASK_NAMES).
   """
-  def features(path: str):
+  def features(path: str, vocab_cls=seqio.SentencePieceVocabulary):
     n = extra_ids if extra_ids is not None else (T5_EXTRA_IDS if path == T5_VOCAB_PATH
                                                  else 0)
-    return _output_features(path, n)
+    return _output_features(path, n, vocab_cls)
 
   t5_features = features(vocab_path or T5_VOCAB_PATH)
-  demo_features = features(vocab_path or DEMO_VOCAB_PATH)
+  demo_features = (features(vocab_path) if vocab_path else
+                   features(demo.vocab_path(demo_root), _DemoVocabulary))
+  data_dir = data_dir or demo.corpus_dir(demo_root)
+  sample_dir = sample_dir or demo.sample_dir(demo_root)
 
   _add(WMT_ENDE,
        seqio.TfdsDataSource(tfds_name='wmt_t2t_translate/de-en:1.0.0',
@@ -200,14 +218,13 @@ def register_tasks(vocab_path: Optional[str] = None,
        seqio.TfdsDataSource(tfds_name='cnn_dailymail:3.4.0', tfds_data_dir=tfds_data_dir),
        [_text_pair(SUMMARIZE_PREFIX, 'article', 'highlights')], t5_features,
        metrics.rouge)
-  for task, name, prefix, metric_fn in (
-      (DEMO_ENDE, 'ende', TRANSLATE_PREFIX, metrics.bleu),
-      (DEMO_SUMMARIZE, 'summarize', SUMMARIZE_PREFIX, metrics.rouge)):
+  for task, name, metric_fn in ((DEMO_ENDE, 'ende', metrics.bleu),
+                                 (DEMO_SUMMARIZE, 'summarize', metrics.rouge)):
     source = seqio.FunctionDataSource(
         functools.partial(_demo_dataset_fn, name=name, data_dir=data_dir,
                           sample_dir=sample_dir),
         splits=DEMO_SPLITS)
-    _add(task, source, [_parse_tsv, _text_pair(prefix, 'inputs', 'targets')],
+    _add(task, source, [_parse_tsv, _text_pair(PREFIXES[name], 'inputs', 'targets')],
          demo_features, metric_fn)
   return list(TASK_NAMES)
 

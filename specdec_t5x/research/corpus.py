@@ -24,10 +24,10 @@ import re
 import struct
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
+from specdec_t5x.integration import tasks
 
-TRANSLATE_PREFIX = 'translate English to German: '
-SUMMARIZE_PREFIX = 'summarize: '
-TASK_PREFIXES = {'ende': TRANSLATE_PREFIX, 'summarize': SUMMARIZE_PREFIX}
+TASK_PREFIXES = tasks.PREFIXES  # defined once, with the seqio tasks
+
 SPLITS = ('train', 'validation', 'test')
 
 

@@ -18,13 +18,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_t5x.algorithm import api, batching, network, sampling, theory, timing
-from specdec_t5x.integration import draft_files, model_dir
+from specdec_t5x.integration import demo, draft_files, model_dir
+from specdec_t5x.integration.tasks import PREFIXES
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DEMO_DIR = os.path.join(REPO_ROOT, 'checkpoints', 'demo')
-DEMO_DATA = os.path.join(REPO_ROOT, 'data', 'demo')
-DEMO_VOCAB = os.path.join(REPO_ROOT, 'data', 'vocab', 'demo_spm.model')
-PREFIXES = {'ende': 'translate English to German: ', 'summarize': 'summarize: '}
+# The demo's locations under the demo root (integration/demo.py: $SPECDEC_DEMO_ROOT, else
+# the current directory when this module is imported; the scripts run from the repository).
+DEMO_DIR = demo.checkpoints_dir()
+DEMO_DATA = demo.sample_dir()
+DEMO_VOCAB = demo.vocab_path()
 NGRAMS = ('unigram', 'bigram')
 ModelAndParams = Tuple[Any, Any]
 

@@ -1,0 +1,106 @@
+"""What the inference runner writes and prints (integration/infer.py): one jsonl line per
+example, the task's metrics over the final file, metrics.json's contents (speculative and
+baseline) and the demo's summary lines."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, Mapping, Optional
+
+import jax
+import numpy as np
+
+from specdec_t5x.algorithm import timing
+from specdec_t5x.integration import models, run_dir
+
+PER_BATCH = 'warm_batch_seconds'  # [[batch index, seconds], ...] of batches not compiling
+
+
+def _text(value: Any) -> Any:
+  return value.decode('utf-8') if isinstance(value, bytes) else value
+
+
+def json_line(example: Mapping[str, Any], prediction: str, aux: Mapping[str, int]) -> str:
+  """{"inputs": {..._pretokenized}, "prediction": text, "aux": per-example stats}."""
+  inputs = {k: _text(v) for k, v in example.items() if k.endswith('_pretokenized')}
+  return json.dumps({'inputs': inputs, 'prediction': prediction, 'aux': dict(aux)},
+                    ensure_ascii=False)
+
+
+def decode_text(vocab: Any, tokens: np.ndarray, eos_id: int) -> str:
+  """A decoded row as text: cut at the first EOS, padding (id 0) dropped."""
+  ids = [int(t) for t in tokens]
+  ids = ids[:ids.index(eos_id)] if eos_id in ids else ids
+  return _text(vocab.decode([t for t in ids if t != 0]))
+
+
+def task_metrics(task: Any, output_path: str) -> Optional[Dict[str, float]]:
+  """The task's metric fns on (targets, predictions) of the final file, if targets exist."""
+  with open(output_path, encoding='utf-8') as f:
+    rows = [json.loads(line) for line in f]
+  if not rows or not all('targets_pretokenized' in r['inputs'] for r in rows):
+    return None
+  targets = [task.postprocess_fn(r['inputs']['targets_pretokenized'], example=r['inputs'],
+                                 is_target=True) for r in rows]
+  preds = [task.postprocess_fn(r['prediction'], example=r['inputs'], is_target=False)
+           for r in rows]
+  scores: Dict[str, float] = {}
+  for fn in getattr(task, 'predict_metric_fns', task.metric_fns):
+    scores.update({k: float(v) for k, v in fn(targets, preds).items()})
+  return scores
+
+
+def run_metrics(task: Any, output_path: str, total: Dict[str, Any],
+                settings: Dict[str, Any], **extra: Any) -> Dict[str, Any]:
+  """metrics.json of a finished run: task metrics, timing, acceptance statistics
+  (models.summarize_stats of the summed chunks), settings, git revision and devices."""
+  devices = jax.devices()
+  seconds, warm_seconds = total.get('seconds', 0.0), total.get('warm_seconds', 0.0)
+  return {
+      'task': task.name, 'predictions_file': os.path.basename(output_path),
+      'metrics': task_metrics(task, output_path), **extra, 'wall_seconds': seconds,
+      'tokens_per_second': total.get('generated_tokens', 0) / seconds if seconds else None,
+      'tokens_per_second_excluding_first_batch': (
+          total.get('warm_tokens', 0) / warm_seconds if warm_seconds else None),
+      **models.summarize_stats(total), **settings, 'git_revision': run_dir.git_revision(),
+      'device_kind': devices[0].device_kind, 'platform': devices[0].platform,
+      'num_devices': len(devices),
+  }
+
+
+def add_baseline(metrics: Dict[str, Any], task: Any, base_path: str,
+                 base: Dict[str, Any], total: Dict[str, Any]) -> None:
+  """Adds the baseline's metrics and the walltime speedup to `metrics`.
+
+  The speedup is timing.paired_speedup over the batches that compiled in neither run
+  (their PER_BATCH timings in the summed chunk statistics `base` and `total`, of the
+  baseline and the speculative run)."""
+  warm = base.get('warm_seconds', 0.0)
+  metrics['baseline'] = {
+      'predictions_file': os.path.basename(base_path),
+      'metrics': task_metrics(task, base_path),
+      'wall_seconds': base.get('seconds', 0.0), 'warm_seconds': warm,
+      'tokens_per_second': base.get('warm_tokens', 0) / warm if warm else None,
+      **models.summarize_stats(base)}
+  spec_s = {int(b): t for b, t in total.get(PER_BATCH, [])}
+  base_s = {int(b): t for b, t in base.get(PER_BATCH, [])}
+  paired = sorted(set(spec_s) & set(base_s))
+  speed = timing.paired_speedup([base_s[b] for b in paired], [spec_s[b] for b in paired])
+  metrics['walltime_speedup'] = speed['pooled']
+  metrics['walltime_speedup_stats'] = speed
+
+
+def print_summary(m: Mapping[str, Any]) -> None:
+  """The demo's few lines: quality, acceptance and speed, speculative vs baseline."""
+  def fmt(scores):
+    return ', '.join(f'{k} {v:.2f}' for k, v in (scores or {}).items())
+  print(f"{m['task']}: speculative [{fmt(m.get('metrics'))}] vs baseline "
+        f"[{fmt(m['baseline'].get('metrics'))}]")
+  choice = m.get('gamma_choice')
+  gamma = (f"{choice['gamma']} (auto: alpha {choice['alpha']:.2f}, c {choice['c']:.2f})"
+           if choice else m.get('gamma'))
+  print(f"alpha {m.get('alpha_empirical') or 0:.3f}, "
+        f"{m.get('mean_tokens_per_target_call') or 0:.2f} tokens per target call, gamma "
+        f"{gamma}")
+  print(f"walltime speedup {timing.format_speedup(m.get('walltime_speedup_stats'))}")
