@@ -14,10 +14,7 @@ import argparse
 import glob
 import json
 import os
-import sys
 import time
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 

@@ -24,9 +24,6 @@ distilled data of scripts/distill_data.py).
 import argparse
 import json
 import os
-import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
 from specdec_t5x.research import training  # pylint: disable=g-import-not-at-top,wrong-import-position
 
