@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
-
 from specdec_t5x.algorithm.decoding import GammaPolicy
 from specdec_t5x.research import demo_data, evaluation, harness
 
@@ -37,16 +35,9 @@ def main(argv=None):
   fns.update({name: demo_data.row_decoder(target, enc, args.max_len, draft=draft, gamma=g,
                                           gamma_policy=policy)
               for name, (g, policy) in configs.items()})
-  timings = harness.interleaved(fns, args.repeats)
-  sec = timings.median
-  ar_toks, _ = demo_data.row_totals(timings.outputs['AR'])
-  rows = [dict(name='AR', seconds=sec['AR'], speedup_vs_ar=1.0, alpha=None,
-               tokens_per_call=1.0, drafts_per_step=None, equal_to_ar=True)]
-  for name, (g, _) in configs.items():
-    toks, st = demo_data.row_totals(timings.outputs[name])
-    rows.append(dict(name=name, gamma_max=g, seconds=sec[name],
-                     speedup_vs_ar=sec['AR'] / sec[name], **demo_data.rates(st),
-                     equal_to_ar=bool(np.array_equal(toks, ar_toks)), **st))
+  res = demo_data.row_results(harness.interleaved(fns, args.repeats))
+  rows = [dict(name=name, gamma_max=configs[name][0] if name in configs else None, **r)
+          for name, r in res.items()]
   best_fixed = min(r['seconds'] for r in rows if r['name'].startswith('fixed'))
   for r in rows:
     r['speedup_vs_best_fixed'] = best_fixed / r['seconds']
@@ -63,6 +54,7 @@ def main(argv=None):
                       harness.fmt(r['drafts_per_step']), f"{r['seconds']:.2f}",
                       f"{r['speedup_vs_ar']:.2f}", f"{r['speedup_vs_best_fixed']:.2f}",
                       r['equal_to_ar']] for r in rows], 'lrrrrrrl'))
+
 
 if __name__ == '__main__':
   main()

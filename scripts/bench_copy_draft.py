@@ -15,8 +15,6 @@ from __future__ import annotations
 import json
 import os
 
-import numpy as np
-
 from specdec_t5x.algorithm.drafts import CopyDraft, load_ngram
 from specdec_t5x.research import demo_data, evaluation, harness
 
@@ -46,19 +44,9 @@ def main(argv=None):
     fns = {'AR': demo_data.row_decoder(target, enc, args.max_len)}
     fns.update({name: demo_data.row_decoder(target, enc, args.max_len, gamma=args.gamma, **kw)
                 for name, kw in drafts.items()})
-    timings = harness.interleaved(fns, args.repeats)
-    sec = timings.median
-    ar_toks, ar_stats = demo_data.row_totals(timings.outputs['AR'])
-    results.append(dict(task=task, draft='AR', seconds=sec['AR'], speedup=1.0, alpha=None,
-                        tokens_per_call=1.0, equal_to_ar=True, **ar_stats))
-    for name in drafts:
-      toks, st = demo_data.row_totals(timings.outputs[name])
-      rates = demo_data.rates(st)
-      results.append(dict(task=task, draft=name, seconds=sec[name], speedup=sec['AR'] / sec[name],
-                          alpha=rates['alpha'], tokens_per_call=rates['tokens_per_call'],
-                          equal_to_ar=bool(np.array_equal(toks, ar_toks)), **st))
-    for r in results[-len(fns):]:
-      print(json.dumps(r), flush=True)
+    for name, r in demo_data.row_results(harness.interleaved(fns, args.repeats)).items():
+      results.append(dict(task=task, draft=name, speedup=r.pop('speedup_vs_ar'), **r))
+      print(json.dumps(results[-1]), flush=True)
   report = harness.Report(__file__, args, argv)
   report.data.update(rows=args.rows, gamma=args.gamma, max_len=args.max_len, results=results)
   report.write(report.header(

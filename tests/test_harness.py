@@ -105,7 +105,7 @@ def test_texts_cut_at_eos_and_drop_special_and_padding_ids():
       'bcd', 'b', 'dd']
 
 
-def test_row_totals_and_rates():
+def test_row_totals_rates_and_results():
   out = lambda tok, **st: types.SimpleNamespace(tokens=np.asarray([tok]),
                                                 stats={k: np.asarray([v]) for k, v in st.items()})
   outs = [out([5, 1], generated_tokens=2, target_calls=1, drafted_tokens=4, accepted_tokens=1),
@@ -116,6 +116,18 @@ def test_row_totals_and_rates():
                    'accepted_tokens': 3}
   assert demo_data.rates(stats) == pytest.approx(
       {'alpha': 3 / 8, 'tokens_per_call': 4 / 3, 'drafts_per_step': 8 / 3})
+  assert demo_data.rates(dict(stats, drafted_tokens=0, accepted_tokens=0))['alpha'] is None
+
+  ar = [out([5, 1], generated_tokens=2, target_calls=2, drafted_tokens=0, accepted_tokens=0),
+        out([6, 6], generated_tokens=2, target_calls=2, drafted_tokens=0, accepted_tokens=0)]
+  res = demo_data.row_results(harness.Timings({'AR': [4.0], 'spec': [2.0]},
+                                              {'AR': ar, 'spec': outs}))
+  assert res['AR']['speedup_vs_ar'] == 1.0 and res['AR']['alpha'] is None
+  assert res['spec']['speedup_vs_ar'] == 2.0 and res['spec']['seconds'] == 2.0
+  assert res['spec']['equal_to_ar'] and res['spec']['target_calls'] == 3
+  outs[1] = out([6, 7], generated_tokens=2, target_calls=2, drafted_tokens=4, accepted_tokens=2)
+  assert not demo_data.row_results(harness.Timings({'AR': [1.0], 'spec': [1.0]},
+                                                   {'AR': ar, 'spec': outs}))['spec']['equal_to_ar']
 
 
 def test_alpha_cells(tmp_path):

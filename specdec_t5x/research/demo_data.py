@@ -59,11 +59,26 @@ def row_totals(outs: Sequence[Any]) -> Tuple[np.ndarray, Dict[str, int]]:
   return tokens, {k: int(sum(np.asarray(o.stats[k]).sum() for o in outs)) for k in STAT_KEYS}
 
 
-def rates(stats: Dict[str, int]) -> Dict[str, float]:
-  """alpha = accepted / drafted, tokens per target call and drafts per target call."""
-  return {'alpha': stats['accepted_tokens'] / max(stats['drafted_tokens'], 1),
+def rates(stats: Dict[str, int]) -> Dict[str, Any]:
+  """alpha = accepted / drafted (None when nothing was drafted), tokens per target call
+  and drafts per target call."""
+  drafted = stats['drafted_tokens']
+  return {'alpha': stats['accepted_tokens'] / drafted if drafted else None,
           'tokens_per_call': stats['generated_tokens'] / stats['target_calls'],
-          'drafts_per_step': stats['drafted_tokens'] / stats['target_calls']}
+          'drafts_per_step': drafted / stats['target_calls']}
+
+
+def row_results(timings: Any, base: str = 'AR') -> Dict[str, Dict[str, Any]]:
+  """Per name of harness.interleaved over row_decoder fns: median seconds, speedup_vs_ar
+  (over `base`), rates, whether the tokens equal `base`'s (equal_to_ar) and STAT_KEYS."""
+  med = timings.median
+  base_tokens, _ = row_totals(timings.outputs[base])
+  out = {}
+  for name, outs in timings.outputs.items():
+    tokens, stats = row_totals(outs)
+    out[name] = dict(seconds=med[name], speedup_vs_ar=med[base] / med[name], **rates(stats),
+                     equal_to_ar=bool(np.array_equal(tokens, base_tokens)), **stats)
+  return out
 
 
 def alpha_cells(path: str) -> List[Dict[str, Any]]:
