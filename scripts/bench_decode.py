@@ -22,18 +22,21 @@ meaningless): --target=small --draft=small --vocab=256 --gammas=2 --max_len=8 --
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x import generate
-from specdec_t5x.algorithm import timing
-from specdec_t5x.research import benchmarking, evaluation, reference, t5x_reference
+from specdec_t5x.algorithm import api, timing
 from specdec_t5x.algorithm.network import Transformer, t5_1_1_config
+from specdec_t5x.research import evaluation, harness, reference, t5x_reference
+
+BASELINES = {'t5x': 'stock T5X predict_batch (temperature_sample, T5X network)',
+             'reference_t5x_style': 'T5X-style loop (reference.py)'}
+IDEAL = ('ideal = tokens/call * t_target / (gamma t_draft + t_verify) (decoder calls only); '
+         'ideal e2e adds the once-per-sequence prefill (encoder + cache) that both methods '
+         'pay: (P_t + N_ar t_target) / (P_t + P_d + N_calls (gamma t_draft + t_verify)).')
 
 
 def build(size: str, seed: int, vocab: int, dtype: str):
@@ -43,7 +46,7 @@ def build(size: str, seed: int, vocab: int, dtype: str):
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = harness.parser(__doc__, harness.results_path(__file__, 'decode_costs'), repeats=5)
   ap.add_argument('--target', default='base')
   ap.add_argument('--draft', default='small')
   ap.add_argument('--vocab', type=int, default=32128)
@@ -51,13 +54,11 @@ def main(argv=None):
   ap.add_argument('--enc_len', type=int, default=32)
   ap.add_argument('--max_len', type=int, default=48)
   ap.add_argument('--gammas', default='2,4,7')
-  ap.add_argument('--repeats', type=int, default=5)
   ap.add_argument('--ar_repeats', type=int, default=15,
                   help='interleaved AR / T5X / T5X-style runs for their speed ratios')
   ap.add_argument('--dtype', default='float32', help='weights and activations')
-  ap.add_argument('--out', default='results/decode_costs')
   args = ap.parse_args(argv)
-  gammas = [int(g) for g in args.gammas.split(',')]
+  gammas = harness.ints(args.gammas)
 
   t_cfg, t_mod, t_params = build(args.target, 0, args.vocab, args.dtype)
   d_cfg, d_mod, d_params = build(args.draft, 1, args.vocab, args.dtype)
@@ -72,7 +73,8 @@ def main(argv=None):
   costs['t_prefill_draft'] = costs.pop('t_prefill_draft_draft')
   print('call costs (ms):', {k: round(v * 1e3, 3) for k, v in costs.items()}, file=sys.stderr)
 
-  gen = lambda **kw: (lambda: generate(target, enc, max_decode_length=args.max_len, eos_id=-1, **kw))
+  gen = lambda **kw: (lambda: api.generate(target, enc, max_decode_length=args.max_len,
+                                           eos_id=-1, **kw))
   ref = jax.jit(reference.greedy_decode, static_argnums=(0, 3, 4))
   fns = {'ar': gen(), 'reference_t5x_style': lambda: ref(t_cfg, t_params, enc, args.max_len, -1)}
   baselines = ['reference_t5x_style']
@@ -83,22 +85,24 @@ def main(argv=None):
   for g in gammas:
     fns[f'spec_self_g{g}'] = gen(draft=target, gamma=g)
     fns[f'spec_draft_g{g}'] = gen(draft=draft, gamma=g)
-  times = timing.median_times(fns, args.repeats)
-  med = {k: statistics.median(v) for k, v in times.items()}
+  timings = harness.interleaved(fns, args.repeats)
+  med = timings.median
   # AR vs the baselines: a longer run, interleaved, ratio per pair (robust to drift in
   # machine speed), then the median.
-  pairs = timing.median_times({k: fns[k] for k in ['ar'] + baselines}, args.ar_repeats)
-  ratios = timing.speed_ratios(pairs, 'ar')
-  pair_ratios = {k: [b / a for a, b in zip(pairs['ar'], pairs[k])] for k in baselines}
+  pairs = harness.interleaved({k: fns[k] for k in ['ar'] + baselines}, args.ar_repeats)
+  ratios = pairs.speed_ratios('ar')
+  pair_ratios = {k: [b / a for a, b in zip(pairs.seconds['ar'], pairs.seconds[k])]
+                 for k in baselines}
   tokens = args.batch * args.max_len
-  same_tokens = {k: bool(np.array_equal(np.asarray(gen()().tokens), np.asarray(fns[k]())))
+  ar_out = pairs.outputs['ar']
+  same_tokens = {k: bool(np.array_equal(np.asarray(ar_out.tokens), np.asarray(pairs.outputs[k])))
                  for k in baselines}
 
-  ar_calls = float(np.max(gen()().stats['target_calls']))
+  ar_calls = float(np.max(ar_out.stats['target_calls']))
   rows = []
   for g in gammas:
     for kind, t_draft in (('self', costs['t_target_step']), ('draft', costs['t_draft_step'])):
-      stats = gen(draft=target if kind == 'self' else draft, gamma=g)().stats
+      stats = timings.outputs[f'spec_{kind}_g{g}'].stats
       calls = float(np.sum(stats['target_calls']))
       tpc = float(np.sum(stats['generated_tokens'])) / calls
       ideal = tpc * costs['t_target_step'] / (g * t_draft + costs[f't_verify_{g + 1}'])
@@ -112,48 +116,39 @@ def main(argv=None):
                    'speedup_ideal': ideal, 'efficiency': measured / ideal,
                    'speedup_ideal_end_to_end': e2e, 'efficiency_end_to_end': measured / e2e,
                    'tokens_per_s': tokens / med[f'spec_{kind}_g{g}']})
-  result = {
-      'command': 'python scripts/bench_decode.py ' + ' '.join(argv if argv is not None else sys.argv[1:]),
-      'environment': benchmarking.environment(), 'args': vars(args),
-      'target_config': str(t_cfg), 'draft_config': str(d_cfg),
-      'call_costs_s': costs, 'c': costs['t_draft_step'] / costs['t_target_step'],
-      'ar_tokens_per_s': tokens / statistics.median(pairs['ar']),
-      'baselines': {k: {'tokens_per_s': tokens / statistics.median(pairs[k]),
-                        'ours_speed_ratio': ratios[k], 'pair_ratios': pair_ratios[k],
-                        'same_tokens_as_ours': same_tokens[k]} for k in baselines},
-      't5x_importable': t5x_reference.available(),
-      'speculative': rows, 'raw_times_s': times,
-  }
-  benchmarking.write_json(args.out + '.json', result)
-  lines = [f"# Decode costs ({result['environment']['device_kind']}, batch {args.batch}, "
-           f"{args.max_len} tokens)", '', f"Command: `{result['command']}`", '',
-           f"Target {args.target}, draft {args.draft} (random T5 v1.1 weights, vocab {args.vocab}, "
-           f"{args.dtype}).", '', '| quantity | value |', '|---|---|']
-  lines += [f'| {k} | {v * 1e3:.3f} ms |' for k, v in costs.items()]
-  names = {'t5x': 'stock T5X predict_batch (temperature_sample, T5X network)',
-           'reference_t5x_style': 'T5X-style loop (reference.py)'}
-  lines += [f"| c = t_draft / t_target | {result['c']:.3f} |",
-            f"| AR tokens/s (ours) | {result['ar_tokens_per_s']:.1f} |"]
-  for k, b in result['baselines'].items():
-    lines += [f"| AR tokens/s ({names[k]}) | {b['tokens_per_s']:.1f} |",
-              f"| ours / {names[k]} speed (median of {args.ar_repeats} interleaved pairs; range "
-              f"{min(b['pair_ratios']):.2f}-{max(b['pair_ratios']):.2f}; same tokens: "
-              f"{b['same_tokens_as_ours']}) | {b['ours_speed_ratio']:.2f}x |"]
-  if not result['t5x_importable']:
-    lines.append('| stock T5X | not importable here: not compared |')
-  lines += ['',
-            'ideal = tokens/call * t_target / (gamma t_draft + t_verify) (decoder calls only); '
-            'ideal e2e adds the once-per-sequence prefill (encoder + cache) that both methods '
-            'pay: (P_t + N_ar t_target) / (P_t + P_d + N_calls (gamma t_draft + t_verify)).', '',
-            '| draft | gamma | alpha | tokens/call | speedup | ideal | efficiency | ideal e2e '
-            '| efficiency e2e |', '|---|---|---|---|---|---|---|---|---|']
-  lines += [f"| {r['draft']} | {r['gamma']} | {r['alpha_empirical']:.2f} | "
-            f"{r['tokens_per_target_call']:.2f} | {r['speedup_measured']:.2f}x | "
-            f"{r['speedup_ideal']:.2f}x | {r['efficiency']:.2f} | "
-            f"{r['speedup_ideal_end_to_end']:.2f}x | {r['efficiency_end_to_end']:.2f} |"
-            for r in rows]
-  benchmarking.write_text(args.out + '.md', '\n'.join(lines) + '\n')
-  print('\n'.join(lines))
+  report = harness.Report(__file__, args, argv)
+  report.data.update(
+      target_config=str(t_cfg), draft_config=str(d_cfg), call_costs_s=costs,
+      c=costs['t_draft_step'] / costs['t_target_step'],
+      ar_tokens_per_s=tokens / pairs.median['ar'],
+      baselines={k: {'tokens_per_s': tokens / pairs.median[k], 'ours_speed_ratio': ratios[k],
+                     'pair_ratios': pair_ratios[k], 'same_tokens_as_ours': same_tokens[k]}
+                 for k in baselines},
+      t5x_importable=t5x_reference.available(), speculative=rows, raw_times_s=timings.seconds)
+  quantities = [[k, f'{v * 1e3:.3f} ms'] for k, v in costs.items()]
+  quantities += [['c = t_draft / t_target', f"{report['c']:.3f}"],
+                 ['AR tokens/s (ours)', f"{report['ar_tokens_per_s']:.1f}"]]
+  for k, b in report['baselines'].items():
+    quantities += [[f'AR tokens/s ({BASELINES[k]})', f"{b['tokens_per_s']:.1f}"],
+                   [f'ours / {BASELINES[k]} speed (median of {args.ar_repeats} interleaved '
+                    f"pairs; range {min(b['pair_ratios']):.2f}-{max(b['pair_ratios']):.2f}; "
+                    f"same tokens: {b['same_tokens_as_ours']})", f"{b['ours_speed_ratio']:.2f}x"]]
+  if not report['t5x_importable']:
+    quantities.append(['stock T5X', 'not importable here: not compared'])
+  text = report.write(report.header(
+      f"Decode costs ({report.environment['device_kind']}, batch {args.batch}, "
+      f'{args.max_len} tokens)',
+      f'Target {args.target}, draft {args.draft} (random T5 v1.1 weights, vocab {args.vocab}, '
+      f'{args.dtype}).') +
+      harness.table(['quantity', 'value'], quantities) + ['', IDEAL, ''] +
+      harness.table(['draft', 'gamma', 'alpha', 'tokens/call', 'speedup', 'ideal', 'efficiency',
+                     'ideal e2e', 'efficiency e2e'],
+                    [[r['draft'], r['gamma'], f"{r['alpha_empirical']:.2f}",
+                      f"{r['tokens_per_target_call']:.2f}", f"{r['speedup_measured']:.2f}x",
+                      f"{r['speedup_ideal']:.2f}x", f"{r['efficiency']:.2f}",
+                      f"{r['speedup_ideal_end_to_end']:.2f}x",
+                      f"{r['efficiency_end_to_end']:.2f}"] for r in rows]))
+  print(text)
 
 
 if __name__ == '__main__':

@@ -16,17 +16,15 @@ Writes results/peers.json and results/peers.md.
 
 from __future__ import annotations
 
-import argparse
-import statistics
 import sys
 
 import numpy as np
 import torch
 import transformers
 
-from specdec_t5x.algorithm import sampling, timing
-from specdec_t5x.research import benchmarking, evaluation
+from specdec_t5x.algorithm import sampling
 from specdec_t5x.integration.hf_convert import hf_model_from_params
+from specdec_t5x.research import evaluation, harness
 
 
 def to_hf(config, params) -> transformers.T5ForConditionalGeneration:
@@ -82,18 +80,14 @@ class HFRunner:
 
 
 def main(argv=None):
-  argv = list(sys.argv[1:] if argv is None else argv)
-  ap = argparse.ArgumentParser(description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = harness.parser(__doc__, harness.results_path(__file__, 'peers'), repeats=3)
   ap.add_argument('--target', default='demo_target')
   ap.add_argument('--draft', default='demo_draft_m')
   ap.add_argument('--task', default='ende')
   ap.add_argument('--num_examples', type=int, default=20)
   ap.add_argument('--max_len', type=int, default=64)
   ap.add_argument('--gamma', type=int, default=3)
-  ap.add_argument('--repeats', type=int, default=3)
   ap.add_argument('--threads', type=int, default=2)
-  ap.add_argument('--out', default='results/peers')
   args = ap.parse_args(argv)
   torch.set_num_threads(args.threads)
 
@@ -126,8 +120,8 @@ def main(argv=None):
                                              sample),
   }
   # Each HF runner hooks hf_t; only the running one counts (its _counting flag).
-  times = timing.median_times(fns, args.repeats)
-  med = {k: statistics.median(v) for k, v in times.items()}
+  timings = harness.interleaved(fns, args.repeats)
+  med = timings.median
   systems = {}
   for name, fn in fns.items():
     tokens = fn.tokens
@@ -145,32 +139,28 @@ def main(argv=None):
   ref = fns['ours_ar_greedy'].tokens
   agree = {name: int(sum(np.array_equal(a, b) for a, b in zip(ref, fns[name].tokens)))
            for name in fns if name.endswith('greedy')}
-  result = {'command': 'python scripts/bench_peers.py ' + ' '.join(argv),
-            'environment': dict(benchmarking.environment(), torch=torch.__version__,
-                                transformers=transformers.__version__,
-                                torch_threads=torch.get_num_threads()),
-            'args': vars(args), 'logits_relative_max_diff': check, 'systems': systems,
-            'greedy_agreement_with_ours_ar': agree, 'num_examples': len(inputs),
-            'raw_times_s': times}
-  benchmarking.write_json(args.out + '.json', result)
-  lines = ['# Ours vs Hugging Face on the demo weights (CPU, batch 1)', '',
-           f"Command: `{result['command']}`", '', f"Environment: {result['environment']}", '',
-           f"Target {args.target}, draft {args.draft}, task {args.task}, {len(inputs)} inputs, "
-           f"at most {args.max_len} tokens, gamma {args.gamma} (HF assisted: constant "
-           f"num_assistant_tokens={args.gamma}). Converted HF logits vs ours: relative max "
-           f"difference {max(check.values()):.1e}.", '',
-           '| system | tokens | tokens/s | vs HF same mode | vs ours AR | tokens/target call |',
-           '|---|---|---|---|---|---|']
-  for name, s in systems.items():
-    vs_hf = s.get('speed_vs_hf_greedy', s.get('speed_vs_hf_sample'))
-    lines.append(f"| {name} | {s['tokens']} | {s['tokens_per_s']:.1f} | {vs_hf:.2f}x | "
-                 f"{s['speed_vs_ours_ar']:.2f}x | {s['tokens_per_target_call']:.2f} |")
-  lines += ['', f'Greedy outputs identical to ours AR (of {len(inputs)}): ' +
-            ', '.join(f'{k} {v}' for k, v in agree.items())]
-  benchmarking.write_text(args.out + '.md', '\n'.join(lines) + '\n')
-  print('\n'.join(lines))
-  return result
-
+  report = harness.Report(__file__, args, argv, torch=torch.__version__,
+                          transformers=transformers.__version__,
+                          torch_threads=torch.get_num_threads())
+  report.data.update(logits_relative_max_diff=check, systems=systems,
+                     greedy_agreement_with_ours_ar=agree, num_examples=len(inputs),
+                     raw_times_s=timings.seconds)
+  text = report.write(report.header(
+      'Ours vs Hugging Face on the demo weights (CPU, batch 1)',
+      f"Target {args.target}, draft {args.draft}, task {args.task}, {len(inputs)} inputs, "
+      f"at most {args.max_len} tokens, gamma {args.gamma} (HF assisted: constant "
+      f"num_assistant_tokens={args.gamma}). Converted HF logits vs ours: relative max "
+      f"difference {max(check.values()):.1e}.") +
+      harness.table(['system', 'tokens', 'tokens/s', 'vs HF same mode', 'vs ours AR',
+                     'tokens/target call'],
+                    [[name, s['tokens'], f"{s['tokens_per_s']:.1f}",
+                      f"{s.get('speed_vs_hf_greedy', s.get('speed_vs_hf_sample')):.2f}x",
+                      f"{s['speed_vs_ours_ar']:.2f}x", f"{s['tokens_per_target_call']:.2f}"]
+                     for name, s in systems.items()]) +
+      ['', f'Greedy outputs identical to ours AR (of {len(inputs)}): ' +
+       ', '.join(f'{k} {v}' for k, v in agree.items())])
+  print(text)
+  return report.data
 
 if __name__ == '__main__':
   main()

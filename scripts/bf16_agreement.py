@@ -24,14 +24,13 @@ first differs in bits from gamma + 1 one-token calls (autoregressive decoding) o
 cache and tokens, module by module in call order, and writes
 results/bf16_agreement_diagnosis.{json,md}.
 
-With --time it also times our autoregressive decode in each dtype (batch 1, the
-benchmarking module's interleaved repeats): run it on an idle machine only.
+With --time it also times our autoregressive decode in each dtype (batch 1, the median of
+--repeats interleaved runs, harness.interleaved): run it on an idle machine only.
 Writes results/bf16_agreement.json and results/bf16_agreement.md.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -42,9 +41,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import api, network, timing
+from specdec_t5x.algorithm import api, network
 from specdec_t5x.integration import checkpoints
-from specdec_t5x.research import benchmarking, evaluation
+from specdec_t5x.research import evaluation, harness
 
 TARGET = 'demo_target/checkpoint_2239'
 DRAFT = 'demo_draft_m/checkpoint_5682'
@@ -145,8 +144,7 @@ def time_ar(dtypes: Sequence[str], enc: np.ndarray, repeats: int) -> Dict[str, f
   for dtype in dtypes:
     target = load(TARGET, dtype)
     fns[dtype] = (lambda t: lambda: api.generate(t, enc[:1], max_decode_length=MAX_LEN))(target)
-  times = timing.median_times(fns, repeats)
-  return {k: float(np.median(v)) for k, v in times.items()}
+  return harness.interleaved(fns, repeats).median
 
 
 def diagnose(dtype: str, enc: np.ndarray, refs: np.ndarray, k: int) -> Dict[str, Any]:
@@ -216,25 +214,24 @@ def measure(args) -> Dict[str, Any]:
   return result
 
 
-def render(r: Dict[str, Any]) -> str:
-  lines = ['# bfloat16 vs float32: what holds exactly (demo family, EN-DE test sample)', '',
-           f"Command: `{r['command']}`", '', f"Environment: {r['environment']}", '',
-           f"{r['args']['num_examples']} inputs (padded to {INPUT_LEN}), greedy, at most "
-           f"{MAX_LEN} tokens, batch {r['args']['batch_size']}; target {TARGET}, draft "
-           f"{DRAFT}; params cast to the dtype; float32_attention_logits="
-           f"{r['args']['float32_attention_logits']}.", '',
-           '| | bfloat16 | float32 |', '|---|---|---|']
+def render(report: harness.Report) -> List[str]:
+  r, args = report.data, report['args']
+  lines = report.header(
+      'bfloat16 vs float32: what holds exactly (demo family, EN-DE test sample)',
+      f"{args['num_examples']} inputs (padded to {INPUT_LEN}), greedy, at most {MAX_LEN} "
+      f"tokens, batch {args['batch_size']}; target {TARGET}, draft {DRAFT}; params cast to "
+      f"the dtype; float32_attention_logits={args['float32_attention_logits']}.")
   tf = {d: r[d]['teacher_forced_vs_t5x'] for d in DTYPES}
-  lines.append('| teacher-forced logits == T5X network (bitwise) | ' +
-               ' | '.join(f"{tf[d]['bitwise_equal']} (max diff {tf[d]['max_abs_diff']:.3g}, "
-                          f"argmax {100 * tf[d]['argmax_agreement']:.2f}% of {tf[d]['tokens']})"
-                          for d in DTYPES) + ' |')
   fmt = lambda s: f"{s['identical_rows']}/{s['rows']}"
-  lines.append('| greedy AR rows == stock T5X temperature_sample | ' +
-               ' | '.join(fmt(r[d]['ar_vs_t5x']) for d in DTYPES) + ' |')
-  for g in r['bfloat16']['speculative_vs_ar']:
-    lines.append(f'| greedy speculative (gamma {g}) rows == our greedy AR | ' +
-                 ' | '.join(fmt(r[d]['speculative_vs_ar'][g]) for d in DTYPES) + ' |')
+  cells = [['teacher-forced logits == T5X network (bitwise)'] + [
+      f"{tf[d]['bitwise_equal']} (max diff {tf[d]['max_abs_diff']:.3g}, "
+      f"argmax {100 * tf[d]['argmax_agreement']:.2f}% of {tf[d]['tokens']})" for d in DTYPES]]
+  cells.append(['greedy AR rows == stock T5X temperature_sample'] +
+               [fmt(r[d]['ar_vs_t5x']) for d in DTYPES])
+  cells += [[f'greedy speculative (gamma {g}) rows == our greedy AR'] +
+            [fmt(r[d]['speculative_vs_ar'][g]) for d in DTYPES]
+            for g in r['bfloat16']['speculative_vs_ar']]
+  lines += harness.table([''] + list(DTYPES), cells)
   lines += ['', f"bfloat16 greedy AR rows == float32 greedy AR rows: "
                 f"{fmt(r['ar_bf16_vs_ar_f32'])}."]
   for d in DTYPES:
@@ -245,38 +242,35 @@ def render(r: Dict[str, Any]) -> str:
   if 'ar_seconds_per_input' in r:
     lines += ['', 'Seconds per input, our greedy AR at batch 1 (median of interleaved repeats): ' +
               ', '.join(f'{d} {t:.4f}' for d, t in r['ar_seconds_per_input'].items()) + '.']
-  return '\n'.join(lines) + '\n'
+  return lines
 
 
-def run_diagnosis(args) -> None:
-  examples = evaluation.load_examples('ende', args.batch_size, max_input_len=INPUT_LEN)
+def run_diagnosis(report: harness.Report) -> str:
+  args = report['args']
+  examples = evaluation.load_examples('ende', args['batch_size'], max_input_len=INPUT_LEN)
   enc = evaluation.pad_batch([e.inputs for e in examples], INPUT_LEN)
   refs = evaluation.pad_batch([e.targets[:MAX_LEN] for e in examples], MAX_LEN)
-  k = max(int(g) for g in args.gammas.split(',')) + 1
-  cells = [diagnose(d, enc, refs, k) for d in DTYPES]
-  result = {'command': 'python scripts/bf16_agreement.py ' + ' '.join(sys.argv[1:]),
-            'environment': benchmarking.environment(), 'args': vars(args), 'cells': cells}
-  benchmarking.write_json(args.out + '_diagnosis.json', result)
-  lines = ['# Where a verify-shaped call first differs from one-token calls (demo target)', '',
-           f"Command: `{result['command']}`", '', f"Environment: {result['environment']}", '',
-           f'{args.batch_size} rows (the first inputs and their references), one {k}-token '
-           f'extend call vs {k} one-token calls on the same cache; per module output in call '
-           'order, elements whose bits differ.', '']
+  k = max(harness.ints(args['gammas'])) + 1
+  cells = report['cells'] = [diagnose(d, enc, refs, k) for d in DTYPES]
+  lines = report.header(
+      'Where a verify-shaped call first differs from one-token calls (demo target)',
+      f"{args['batch_size']} rows (the first inputs and their references), one {k}-token "
+      f'extend call vs {k} one-token calls on the same cache; per module output in call '
+      'order, elements whose bits differ.')
   for c in cells:
     f = c['first_differing_module']
     lines.append(f"- {c['dtype']}: logits equal: {c['logits_equal']}; first differing module "
                  'output: ' + (f"`{f['module']}` ({f['differing']} of {f['size']} elements)"
                               if f else 'none') + '.')
   for c in cells:
-    lines += ['', f"{c['dtype']}:", '', '| module | differing | size |', '|---|---|---|']
-    lines += [f"| {r['module']} | {r['differing']} | {r['size']} |" for r in c['modules']]
-  text = '\n'.join(lines) + '\n'
-  benchmarking.write_text(args.out + '_diagnosis.md', text)
-  print(text)
+    lines += ['', f"{c['dtype']}:", '']
+    lines += harness.table(['module', 'differing', 'size'],
+                           [[r['module'], r['differing'], r['size']] for r in c['modules']])
+  return report.write(lines, suffix='_diagnosis')
 
 
 def main(argv=None) -> None:
-  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p = harness.parser(__doc__, harness.results_path(__file__, 'bf16_agreement'), repeats=20)
   p.add_argument('--num_examples', type=int, default=100)
   p.add_argument('--batch_size', type=int, default=50)
   p.add_argument('--gammas', default='3,5,7')
@@ -285,19 +279,13 @@ def main(argv=None) -> None:
   p.add_argument('--time', action='store_true', help='also time (idle machine only)')
   p.add_argument('--diagnose', action='store_true',
                  help='only locate the first bitwise difference of a verify-shaped call')
-  p.add_argument('--repeats', type=int, default=20)
-  p.add_argument('--out', default=os.path.join('results', 'bf16_agreement'))
   args = p.parse_args(argv)
+  report = harness.Report(__file__, args, argv)
   if args.diagnose:
-    run_diagnosis(args)
+    print(run_diagnosis(report))
     return
-  result = measure(args)
-  result = {'command': 'python scripts/bf16_agreement.py ' + ' '.join(sys.argv[1:]),
-            'environment': benchmarking.environment(), 'args': vars(args), **result}
-  benchmarking.write_json(args.out + '.json', result)
-  text = render(result)
-  benchmarking.write_text(args.out + '.md', text)
-  print(text)
+  report.data.update(measure(args))
+  print(report.write(render(report)))
 
 
 if __name__ == '__main__':

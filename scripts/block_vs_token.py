@@ -11,15 +11,15 @@ batched decodes (64 inputs x seeds, batch 16) with its standard error.
 Writes results/block_verification.{json,md}.
 """
 
-import argparse
-import statistics
+from __future__ import annotations
+
 import sys
 
 import jax
 import numpy as np
 
 from specdec_t5x.algorithm import api, batching, timing
-from specdec_t5x.research import benchmarking, evaluation
+from specdec_t5x.research import evaluation, harness
 
 
 def run_all(target, draft, enc, gamma, verifier, max_len):
@@ -44,31 +44,30 @@ def tokens_per_call(target, draft, enc, gamma, verifier, max_len, seeds):
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = harness.parser(__doc__, harness.results_path(__file__, 'block_verification'), repeats=3)
   ap.add_argument('--num_examples', type=int, default=16)
   ap.add_argument('--gammas', default='2,4')
-  ap.add_argument('--repeats', type=int, default=3)
   ap.add_argument('--max_len', type=int, default=48)
   ap.add_argument('--samples', type=int, default=64, help='inputs for the precise tokens/call')
   ap.add_argument('--seeds', type=int, default=4)
-  ap.add_argument('--out', default='results/block_verification')
   args = ap.parse_args(argv)
   target, draft = evaluation.load_model('demo_target'), evaluation.load_model('demo_draft_m')
   rows = []
   for task in ('ende', 'summarize'):
-    enc = evaluation.pad_batch([e.inputs for e in evaluation.load_examples(task, args.num_examples)])
-    for g in (int(x) for x in args.gammas.split(',')):
+    enc = evaluation.pad_batch(
+        [e.inputs for e in evaluation.load_examples(task, args.num_examples)])
+    for g in harness.ints(args.gammas):
       fns = {v: (lambda v=v: run_all(target, draft, enc, g, v, args.max_len))
              for v in ('token', 'block')}
-      times = timing.median_times(fns, args.repeats)
+      timings = harness.interleaved(fns, args.repeats)
       row = {'task': task, 'gamma': g}
       for v in fns:
-        outs = fns[v]()
+        outs = timings.outputs[v]
         gen = sum(int(o.stats['generated_tokens'][0]) for o in outs)
         calls = sum(int(o.stats['target_calls'][0]) for o in outs)
         row[f'{v}_tokens_per_call'] = gen / calls
         row[f'{v}_tokens'] = gen
-        row[f'{v}_seconds'] = statistics.median(times[v])
+        row[f'{v}_seconds'] = timings.median[v]
       row['speed_block_over_token'] = (row['token_seconds'] / row['token_tokens']) / (
           row['block_seconds'] / row['block_tokens'])
       many = evaluation.pad_batch([e.inputs for e in evaluation.load_examples(task, args.samples)])
@@ -77,34 +76,31 @@ def main(argv=None):
             target, draft, many, g, v, args.max_len, args.seeds)
       rows.append(row)
       print(row, file=sys.stderr)
-  result = {'command': 'python scripts/block_vs_token.py ' + ' '.join(argv or sys.argv[1:]),
-            'environment': benchmarking.environment(), 'args': vars(args), 'rows': rows}
-  benchmarking.write_json(args.out + '.json', result)
-  lines = ['# Block vs token-wise verification (demo_target + demo_draft_m, temperature 1)', '',
-           f"Command: `{result['command'].strip()}`; batch 1, {args.num_examples} inputs per "
-           'task, medians of interleaved repeats after compilation, 2-core CPU.', '',
-           f'Precise tokens/call: mean over {args.samples} inputs x {args.seeds} seeds of per-row '
-           'tokens per target call, +- one standard error. Speed: seconds per generated token, '
-           'token-wise over block, on the timed inputs.', '',
-           '| task | gamma | tokens/call token-wise | tokens/call block | gain | '
-           'timed tokens/call (token / block) | speed block vs token |',
-           '|---|---|---|---|---|---|---|']
-  lines += [f"| {r['task']} | {r['gamma']} | {r['token_tpc_precise']:.3f} +- "
-            f"{r['token_tpc_stderr']:.3f} | {r['block_tpc_precise']:.3f} +- "
-            f"{r['block_tpc_stderr']:.3f} | "
-            f"{100 * (r['block_tpc_precise'] / r['token_tpc_precise'] - 1):+.1f}% | "
-            f"{r['token_tokens_per_call']:.2f} / {r['block_tokens_per_call']:.2f} | "
-            f"{r['speed_block_over_token']:.3f}x |" for r in rows]
-  lines += ['', 'Both verifiers are exact, so each run is a different exact sample of the target '
-            'and the timed rows differ in length; the precise columns average enough runs to '
-            'resolve the few-percent gain that block verification promises (Sun et al. 2025; '
-            'tests/test_block_verification.py checks their 11/9 vs 10/9 example and that it is '
-            'never worse on random p, q). At these alphas the gain is small, and one block '
-            'verification step costs about what a token-wise one does, so the speed ratio '
-            'follows tokens/call within timing noise.']
-  benchmarking.write_text(args.out + '.md', '\n'.join(lines) + '\n')
-  print('\n'.join(lines))
-
+  report = harness.Report(__file__, args, argv)
+  report['rows'] = rows
+  text = report.write(report.header(
+      'Block vs token-wise verification (demo_target + demo_draft_m, temperature 1)',
+      f'Batch 1, {args.num_examples} inputs per task, medians of {args.repeats} interleaved '
+      'repeats after compilation.',
+      f'Precise tokens/call: mean over {args.samples} inputs x {args.seeds} seeds of per-row '
+      'tokens per target call, +- one standard error. Speed: seconds per generated token, '
+      'token-wise over block, on the timed inputs.') +
+      harness.table(['task', 'gamma', 'tokens/call token-wise', 'tokens/call block', 'gain',
+                     'timed tokens/call (token / block)', 'speed block vs token'],
+                    [[r['task'], r['gamma'],
+                      f"{r['token_tpc_precise']:.3f} +- {r['token_tpc_stderr']:.3f}",
+                      f"{r['block_tpc_precise']:.3f} +- {r['block_tpc_stderr']:.3f}",
+                      f"{100 * (r['block_tpc_precise'] / r['token_tpc_precise'] - 1):+.1f}%",
+                      f"{r['token_tokens_per_call']:.2f} / {r['block_tokens_per_call']:.2f}",
+                      f"{r['speed_block_over_token']:.3f}x"] for r in rows]) +
+      ['', 'Both verifiers are exact, so each run is a different exact sample of the target '
+       'and the timed rows differ in length; the precise columns average enough runs to '
+       'resolve the few-percent gain that block verification promises (Sun et al. 2025; '
+       'tests/test_block_verification.py checks their 11/9 vs 10/9 example and that it is '
+       'never worse on random p, q). At these alphas the gain is small, and one block '
+       'verification step costs about what a token-wise one does, so the speed ratio '
+       'follows tokens/call within timing noise.'])
+  print(text)
 
 if __name__ == '__main__':
   main()

@@ -15,9 +15,6 @@ optionally data/demo/*_test.tsv, data/vocab/demo_spm.{model,vocab},
 import argparse
 import json
 import pathlib
-import sys
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from specdec_t5x.research import corpus_build  # pylint: disable=g-import-not-at-top
 

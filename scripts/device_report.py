@@ -48,8 +48,6 @@ this. --compile_cache=DIR reuses compiled programs on a rerun on the same machin
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import re
 import sys
@@ -60,12 +58,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-
-from specdec_t5x import generate  # noqa: E402
-from specdec_t5x.algorithm import network, sampling, theory, timing  # noqa: E402
-from specdec_t5x.research import benchmarking, evaluation, paper, t5x_reference  # noqa: E402
+from specdec_t5x.algorithm import api, network, sampling, theory, timing
+from specdec_t5x.research import demo_data, evaluation, harness, paper, t5x_reference
 
 PARTS = ('costs', 'table2', 'efficiency', 'demo')
 # --tiny: every size name at a CPU-sized shape (emb, heads, layers, mlp), same code path.
@@ -78,13 +72,8 @@ TINY_DEFAULTS = dict(sizes='small,xxl', vocab=128, enc_len=16, max_len=8, ks='1'
                      demo_examples=2, demo_max_len=8, batch_sizes='1,2', batch_gamma=2)
 
 
-def _ints(text: str) -> List[int]:
-  return [int(x) for x in text.split(',') if x]
-
-
 def parse_args(argv):
-  ap = argparse.ArgumentParser(description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = harness.parser(__doc__, '', repeats=3)
   ap.add_argument('--tiny', action='store_true',
                   help='CPU smoke: tiny shapes and settings (explicit flags still win)')
   ap.add_argument('--parts', default=','.join(PARTS), help=f'any of {",".join(PARTS)}')
@@ -102,18 +91,16 @@ def parse_args(argv):
   ap.add_argument('--cost_repeats', type=int, default=5)
   ap.add_argument('--gammas', default='7', help='part 3 gammas')
   ap.add_argument('--num_examples', type=int, default=4, help='part 3 inputs')
-  ap.add_argument('--repeats', type=int, default=3, help='interleaved timing repeats')
   ap.add_argument('--demo_tasks', default='ende,summarize')
   ap.add_argument('--demo_drafts', default='demo_draft_m,demo_draft_s')
   ap.add_argument('--demo_temperatures', default='0,1')
   ap.add_argument('--demo_gammas', default='3,7')
   ap.add_argument('--demo_examples', type=int, default=10)
   ap.add_argument('--demo_max_len', type=int, default=64)
-  ap.add_argument('--alpha_json', default=os.path.join(REPO, 'results', 'alpha_demo.json'))
+  ap.add_argument('--alpha_json', default=harness.results_path(__file__, 'alpha_demo.json'))
   ap.add_argument('--batch_sizes', default='1,8,32,128')
   ap.add_argument('--batch_gamma', type=int, default=3)
   ap.add_argument('--compile_cache', default='', help='persistent XLA compilation cache dir')
-  ap.add_argument('--out', default='', help='output prefix (default results/device_<kind>)')
   if '--tiny' in argv:
     ap.set_defaults(**TINY_DEFAULTS)
   args = ap.parse_args(argv)
@@ -155,15 +142,17 @@ def num_params(params) -> int:
 def verify_ks(args) -> List[int]:
   """Positions per call the target is timed at: --ks, --target_ks and every part-3
   gamma + 1."""
-  return sorted(set(_ints(args.ks) + _ints(args.target_ks) + [g + 1 for g in _ints(args.gammas)]))
+  gammas = harness.ints(args.gammas)
+  return sorted(set(harness.ints(args.ks) + harness.ints(args.target_ks) + [g + 1 for g in gammas]))
 
 
 # ------------------------------------------------------------------ 1. costs
 
 
 def part_costs(args, models, enc) -> Dict[str, Any]:
-  cache_len = args.max_len + max(_ints(args.gammas) + [row.gamma for row in paper.TABLE_2]) + 1
-  ks = {size: verify_ks(args) if size == args.target else _ints(args.ks) for size in models}
+  gammas = harness.ints(args.gammas) + [row.gamma for row in paper.TABLE_2]
+  cache_len = args.max_len + max(gammas) + 1
+  ks = {size: verify_ks(args) if size == args.target else harness.ints(args.ks) for size in models}
   specs = {f'{size}/{k}': (module, params, k) for size, (_, module, params) in models.items()
            for k in ks[size]}
   calls = timing.call_costs(specs, enc, args.cost_calls, args.cost_repeats, cache_len)
@@ -239,23 +228,24 @@ def part_efficiency(args, models, costs) -> Dict[str, Any]:
     small = min(costs['pairs'], key=lambda s: costs['sizes'][s]['num_params'])
     cost.update(step_costs(costs, small, small))
     drafts = {small: (models[small][1], models[small][2]), **drafts}
-  res = evaluation.sweep(target, drafts, enc, args.max_len, _ints(args.gammas),
+  res = evaluation.sweep(target, drafts, enc, args.max_len, harness.ints(args.gammas),
                          sampling.SamplingConfig(0.0), cost, args.repeats, eos_id=-1)
   res['draft_sizes'] = {name: args.target if name == 'self' else name for name in drafts}
-  ours = lambda: generate(target, enc[:1], max_decode_length=args.max_len, eos_id=-1).tokens
-  fns = {'ar': ours}
+  fns = {'ar': lambda: api.generate(target, enc[:1], max_decode_length=args.max_len,
+                                    eos_id=-1).tokens}
   if t5x_reference.available():
     stock = t5x_reference.greedy_decoder(cfg, args.max_len, eos_id=-1)
     fns['t5x'] = lambda: stock(params, enc[:1])
-  times = timing.median_times(fns, args.repeats)
+  timings = harness.interleaved(fns, args.repeats)
   res['ar_vs_t5x'] = {
-      't5x_importable': t5x_reference.available(), 'raw_times_s': times,
-      'ar_tokens_per_s': args.max_len / float(np.median(times['ar']))}
+      't5x_importable': t5x_reference.available(), 'raw_times_s': timings.seconds,
+      'ar_tokens_per_s': args.max_len / timings.median['ar']}
   if 't5x' in fns:
     res['ar_vs_t5x'].update(
-        t5x_tokens_per_s=args.max_len / float(np.median(times['t5x'])),
-        ours_speed_ratio=timing.speed_ratios(times, 'ar')['t5x'],
-        same_tokens=bool(np.array_equal(np.asarray(ours()), np.asarray(fns['t5x']()))))
+        t5x_tokens_per_s=args.max_len / timings.median['t5x'],
+        ours_speed_ratio=timings.speed_ratios('ar')['t5x'],
+        same_tokens=bool(np.array_equal(np.asarray(timings.outputs['ar']),
+                                        np.asarray(timings.outputs['t5x']))))
   return res
 
 
@@ -263,16 +253,12 @@ def part_efficiency(args, models, costs) -> Dict[str, Any]:
 
 
 def part_demo(args) -> Dict[str, Any]:
-  cells = []
-  if os.path.exists(args.alpha_json):
-    with open(args.alpha_json) as f:
-      cells = json.load(f)['cells']
   groups = evaluation.demo_speedups(
       'demo_target', args.demo_drafts.split(','), args.demo_tasks.split(','),
-      [float(t) for t in args.demo_temperatures.split(',')], _ints(args.demo_gammas),
+      [float(t) for t in args.demo_temperatures.split(',')], harness.ints(args.demo_gammas),
       args.demo_examples, args.demo_max_len, args.repeats, args.cost_calls,
-      args.cost_repeats, alpha_cells=cells)
-  batches = _ints(args.batch_sizes)
+      args.cost_repeats, alpha_cells=demo_data.alpha_cells(args.alpha_json))
+  batches = harness.ints(args.batch_sizes)
   task = args.demo_tasks.split(',')[0]
   examples = evaluation.load_examples(task, max(batches))
   enc = evaluation.pad_batch([e.inputs for e in examples])  # batches run at their buckets
@@ -287,108 +273,106 @@ def part_demo(args) -> Dict[str, Any]:
 # ------------------------------------------------------------------ rendering
 
 
-def _f(value, fmt='.2f', unit='') -> str:
-  return '-' if value is None else f'{value:{fmt}}{unit}'
+def render(report: harness.Report) -> List[str]:
+  r = report.data
+  lines = report.header(
+      f"Accelerator report: {report.environment['device_kind']}",
+      'Seconds per part (compilation included): ' + ', '.join(
+          f'{k} {v:.0f}' for k, v in r['part_seconds'].items()))
+  if r.get('costs'):
+    lines += render_costs(r['costs'])
+  if r.get('table2'):
+    lines += render_table2(r['table2'])
+  if r.get('efficiency'):
+    lines += render_efficiency(r['efficiency'])
+  if r.get('demo'):
+    lines += render_demo(r['demo'])
+  return lines
 
 
-def render(result) -> str:
-  env = result['environment']
-  lines = [f"# Accelerator report: {env['device_kind']}", '',
-           f"Command: `{result['command']}`", '', f'Environment: {env}', '',
-           'Seconds per part (compilation included): ' + ', '.join(
-               f'{k} {v:.0f}' for k, v in result['part_seconds'].items()), '']
-  costs = result.get('costs')
-  if costs:
-    ks = sorted({k for s in costs['sizes'].values() for k in s['call_s']})
-    lines += [f"## 1. Call costs (T5 v1.1 shapes, random {costs['dtype']} weights, batch 1, "
-              f"{costs['enc_len']} input tokens, cache {costs['cache_len']})", '',
-              'Prefill = encoder + cache, once per sequence; t(k) = one cached decoder call '
-              'over k positions (interleaved medians, timing.call_costs).', '',
-              '| size | params | prefill ms | t(1) ms | ' + ' | '.join(
-                  f't({k})/t(1)' for k in ks if k > 1) + ' |',
-              '|---|---:|---:|---:|' + '---:|' * (len(ks) - 1)]
-    for size, s in costs['sizes'].items():
-      lines.append(f"| {size} | {s['num_params'] / 1e6:,.0f}M | {s['prefill_s'] * 1e3:.2f} | "
-                   f"{s['call_s'][1] * 1e3:.3f} | " + ' | '.join(
-                       _f(s['call_ratio_to_k1'].get(k)) for k in ks if k > 1) + ' |')
-    lines += ['', f"Pairs with the {costs['target']} target: " + ', '.join(
-        f"{d}: c = {p['c']:.3f}" for d, p in costs['pairs'].items()) + '. Verification '
-        't_verify(gamma + 1) / t(1): ' + ', '.join(
-            f'gamma {g}: {r:.2f}' for g, r in sorted(costs['verify_ratio'].items())) + '.', '']
-  rows = result.get('table2')
-  if rows:
-    lines += ['## 2. The paper\'s Table 2 predicted from its alpha and these costs', '',
-              'Predicted = E[tokens](alpha, gamma) t(1) / (gamma t_draft + t_verify(gamma + 1)) '
-              '(theory.walltime_improvement_measured); free verify = the paper\'s model with '
-              't_verify = t(1); best gamma = theory.best_gamma_measured for these costs. The '
-              'paper measured on one TPU-v4 with fine-tuned T5X checkpoints.', '',
-              '| Task | Draft | Temp | gamma | alpha | paper | predicted | free verify | c | '
-              't_verify/t(1) | best gamma (predicted) |', '|---|---|---|---|---|---|---|---|---|---|---|']
-    for r in rows:
-      if 'note' in r:
-        lines.append(f"| {r['task']} | {r['draft']} | {r['temperature']} | {r['gamma']} | "
-                     f"{r['alpha_paper']} | {r['speedup_paper']}x | {r['note']} | | | | |")
-        continue
-      lines.append(f"| {r['task']} | {r['draft']} | {r['temperature']} | {r['gamma']} | "
-                   f"{r['alpha_paper']} | {r['speedup_paper']}x | {r['speedup_predicted']:.2f}x | "
-                   f"{r['speedup_free_verify']:.2f}x | {r['c']:.3f} | {r['verify_ratio']:.2f}"
-                   f"{'' if r['verify'] == 'measured' else ' (' + r['verify'] + ')'} | "
-                   f"{r['best_gamma']} ({r['speedup_predicted_best']:.2f}x) |")
-    lines.append('')
-  eff = result.get('efficiency')
-  if eff:
-    lines += ['## 3. Efficiency at the real shapes (random weights, greedy, batch 1)', '',
-              'Speed = AR time / speculative time on the same inputs (interleaved medians); '
-              'ideal = tokens/call t(1) / (gamma t_draft + t_verify) from the costs above; '
-              'ideal e2e adds the prefill each sequence pays once. Goal: efficiency >= 0.95.', '',
-              '| draft | gamma | alpha | tokens/call | speed | ideal | efficiency | ideal e2e | '
-              'eff. e2e |', '|---|---|---|---|---|---|---|---|---|']
-    for name, d in eff['drafts'].items():
-      for r in d['rows']:
-        lines.append(f"| {eff['draft_sizes'][name]} ({name}) | {r['gamma']} | "
-                     f"{r['alpha_empirical']:.2f} | {r['tokens_per_target_call']:.2f} | "
-                     f"{r['speedup_measured']:.2f}x | {r['speedup_ideal']:.2f}x | "
-                     f"{r['efficiency']:.2f} | {_f(r['speedup_ideal_end_to_end'], unit='x')} | "
-                     f"{_f(r['efficiency_end_to_end'])} |")
-    cmp_ = eff['ar_vs_t5x']
-    lines += ['', f"Our AR: {cmp_['ar_tokens_per_s']:.1f} tokens/s. " + (
-        f"Stock T5X (EncoderDecoderModel.predict_batch, temperature_sample, T5X network, same "
-        f"params): {cmp_['t5x_tokens_per_s']:.1f} tokens/s; ours / T5X speed "
-        f"{cmp_['ours_speed_ratio']:.2f}x (median of per-pair ratios); same tokens: "
-        f"{cmp_['same_tokens']}." if 'ours_speed_ratio' in cmp_ else
-        'T5X is not importable here: not compared.'), '']
-  demo = result.get('demo')
-  if demo:
-    lines += ['## 4. The demo family (float32)', '', 'Table 2 analogue at batch 1 (alpha: '
-              'teacher-forced, results/alpha_demo.json; speed per generated token; `<-` the '
-              'best measured gamma):', '',
-              '| Task | Draft | Temp | gamma | alpha | tokens/call | speed | theory | ideal | '
-              'efficiency | eff. e2e | c |', '|---|---|---|---|---|---|---|---|---|---|---|---|']
-    for grp in demo['table2']:
-      for name, d in grp['drafts'].items():
-        for r in d['rows']:
-          mark = ' <-' if r['gamma'] == d['best_measured_gamma'] else ''
-          lines.append(f"| {grp['task']} | {name} | {grp['temperature']:g} | {r['gamma']}{mark} | "
-                       f"{d['alpha_for_choice']:.2f} | {r['tokens_per_target_call']:.2f} | "
-                       f"{r['speedup_measured']:.2f}x | {r['speedup_theory']:.2f}x | "
-                       f"{r['speedup_ideal']:.2f}x | {r['efficiency']:.2f} | "
-                       f"{_f(r['efficiency_end_to_end'])} | {d['c']:.3f} |")
-    b = demo['batch']
-    lines += ['', f"Greedy throughput, demo_target + {b['draft']}, task {b['task']}:", '',
-              '| batch | method | tokens/s | speedup vs AR | alpha | tokens/call | rows == batch-1 |',
-              '|---:|---|---:|---:|---:|---:|---|']
-    lines += [f"| {r['batch']} | {r['method']} | {r['tokens_per_s']:.1f} | "
-              f"{r['speedup_vs_ar']:.2f}x | {_f(r['alpha'])} | {r['tokens_per_call']:.2f} | "
-              f"{r['rows_equal_batch1']} ({r['rows_checked']}) |" for r in b['rows']]
-  return '\n'.join(lines) + '\n'
+def render_costs(costs) -> List[str]:
+  ks = sorted({k for s in costs['sizes'].values() for k in s['call_s']})
+  ks_above = [k for k in ks if k > 1]
+  return [f"## 1. Call costs (T5 v1.1 shapes, random {costs['dtype']} weights, batch 1, "
+          f"{costs['enc_len']} input tokens, cache {costs['cache_len']})", '',
+          'Prefill = encoder + cache, once per sequence; t(k) = one cached decoder call '
+          'over k positions (interleaved medians, timing.call_costs).', ''] + harness.table(
+      ['size', 'params', 'prefill ms', 't(1) ms'] + [f't({k})/t(1)' for k in ks_above],
+      [[size, f"{s['num_params'] / 1e6:,.0f}M", f"{s['prefill_s'] * 1e3:.2f}",
+        f"{s['call_s'][1] * 1e3:.3f}"] + [harness.fmt(s['call_ratio_to_k1'].get(k))
+                                          for k in ks_above]
+       for size, s in costs['sizes'].items()], 'lrrr' + 'r' * len(ks_above)) + [
+      '', f"Pairs with the {costs['target']} target: " + ', '.join(
+          f"{d}: c = {p['c']:.3f}" for d, p in costs['pairs'].items()) + '. Verification '
+      't_verify(gamma + 1) / t(1): ' + ', '.join(
+          f'gamma {g}: {v:.2f}' for g, v in sorted(costs['verify_ratio'].items())) + '.', '']
 
 
-def plot(result, out: str) -> List[str]:
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+def render_table2(rows) -> List[str]:
+  def cells(r):
+    head = [r['task'], r['draft'], r['temperature'], r['gamma'], r['alpha_paper'],
+            f"{r['speedup_paper']}x"]
+    if 'note' in r:
+      return head + [r['note'], '', '', '', '']
+    verify = '' if r['verify'] == 'measured' else f" ({r['verify']})"
+    return head + [f"{r['speedup_predicted']:.2f}x", f"{r['speedup_free_verify']:.2f}x",
+                   f"{r['c']:.3f}", f"{r['verify_ratio']:.2f}{verify}",
+                   f"{r['best_gamma']} ({r['speedup_predicted_best']:.2f}x)"]
+  return ["## 2. The paper's Table 2 predicted from its alpha and these costs", '',
+          'Predicted = E[tokens](alpha, gamma) t(1) / (gamma t_draft + t_verify(gamma + 1)) '
+          "(theory.walltime_improvement_measured); free verify = the paper's model with "
+          't_verify = t(1); best gamma = theory.best_gamma_measured for these costs. The '
+          'paper measured on one TPU-v4 with fine-tuned T5X checkpoints.', ''] + harness.table(
+      ['Task', 'Draft', 'Temp', 'gamma', 'alpha', 'paper', 'predicted', 'free verify', 'c',
+       't_verify/t(1)', 'best gamma (predicted)'], [cells(r) for r in rows]) + ['']
+
+
+def render_efficiency(eff) -> List[str]:
+  cmp_ = eff['ar_vs_t5x']
+  return ['## 3. Efficiency at the real shapes (random weights, greedy, batch 1)', '',
+          'Speed = AR time / speculative time on the same inputs (interleaved medians); '
+          'ideal = tokens/call t(1) / (gamma t_draft + t_verify) from the costs above; '
+          'ideal e2e adds the prefill each sequence pays once. Goal: efficiency >= 0.95.',
+          ''] + harness.table(
+      ['draft', 'gamma', 'alpha', 'tokens/call', 'speed', 'ideal', 'efficiency', 'ideal e2e',
+       'eff. e2e'],
+      [[f"{eff['draft_sizes'][name]} ({name})", r['gamma'], f"{r['alpha_empirical']:.2f}",
+        f"{r['tokens_per_target_call']:.2f}", f"{r['speedup_measured']:.2f}x",
+        f"{r['speedup_ideal']:.2f}x", f"{r['efficiency']:.2f}",
+        harness.fmt(r['speedup_ideal_end_to_end'], unit='x'),
+        harness.fmt(r['efficiency_end_to_end'])]
+       for name, d in eff['drafts'].items() for r in d['rows']]) + [
+      '', f"Our AR: {cmp_['ar_tokens_per_s']:.1f} tokens/s. " + (
+          f"Stock T5X (EncoderDecoderModel.predict_batch, temperature_sample, T5X network, "
+          f"same params): {cmp_['t5x_tokens_per_s']:.1f} tokens/s; ours / T5X speed "
+          f"{cmp_['ours_speed_ratio']:.2f}x (median of per-pair ratios); same tokens: "
+          f"{cmp_['same_tokens']}." if 'ours_speed_ratio' in cmp_ else
+          'T5X is not importable here: not compared.'), '']
+
+
+def render_demo(demo) -> List[str]:
+  b = demo['batch']
+  return ['## 4. The demo family (float32)', '', 'Table 2 analogue at batch 1 (alpha: '
+          'teacher-forced, results/alpha_demo.json; speed per generated token; `<-` the '
+          'best measured gamma):', ''] + harness.table(
+      ['Task', 'Draft', 'Temp', 'gamma', 'alpha', 'tokens/call', 'speed', 'theory', 'ideal',
+       'efficiency', 'eff. e2e', 'c'],
+      [[grp['task'], name, f"{grp['temperature']:g}",
+        f"{r['gamma']}{' <-' if r['gamma'] == d['best_measured_gamma'] else ''}",
+        f"{d['alpha_for_choice']:.2f}", f"{r['tokens_per_target_call']:.2f}",
+        f"{r['speedup_measured']:.2f}x", f"{r['speedup_theory']:.2f}x",
+        f"{r['speedup_ideal']:.2f}x", f"{r['efficiency']:.2f}",
+        harness.fmt(r['efficiency_end_to_end']), f"{d['c']:.3f}"]
+       for grp in demo['table2'] for name, d in grp['drafts'].items() for r in d['rows']]) + [
+      '', f"Greedy throughput, demo_target + {b['draft']}, task {b['task']}:", ''] + (
+      demo_data.throughput_table(b['rows']))
+
+
+def plot(report: harness.Report) -> List[str]:
+  plt = harness.pyplot()
   paths = []
-  costs, rows, demo = result.get('costs'), result.get('table2'), result.get('demo')
+  r = report.data
+  costs, rows, demo = r.get('costs'), r.get('table2'), r.get('demo')
   if costs:
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     names = list(costs['sizes'])
@@ -397,70 +381,51 @@ def plot(result, out: str) -> List[str]:
               label='prefill')
     left.set_yscale('log'), left.set_ylabel('ms'), left.legend()
     for n in names:
-      r = costs['sizes'][n]['call_ratio_to_k1']
-      right.plot(sorted(r), [r[k] for k in sorted(r)], 'o-', label=n)
+      ratio = costs['sizes'][n]['call_ratio_to_k1']
+      right.plot(sorted(ratio), [ratio[k] for k in sorted(ratio)], 'o-', label=n)
     right.set_xlabel('positions per call k'), right.set_ylabel('t(k) / t(1)'), right.legend()
-    fig.suptitle(f"{result['environment']['device_kind']}: call costs ({costs['dtype']})")
-    paths.append(_save_fig(fig, f'{out}_costs.png'))
-  if rows and any('speedup_predicted' in r for r in rows):
+    fig.suptitle(f"{report.environment['device_kind']}: call costs ({costs['dtype']})")
+    paths.append(report.save_figure(fig, '_costs'))
+  done = [row for row in rows or [] if 'speedup_predicted' in row]
+  if done:
     fig, ax = plt.subplots(figsize=(6, 4.5))
-    done = [r for r in rows if 'speedup_predicted' in r]
-    ax.scatter([r['speedup_paper'] for r in done], [r['speedup_predicted'] for r in done])
-    for r in done:
-      ax.annotate(f"{r['task']} {r['draft']} t={r['temperature']}",
-                  (r['speedup_paper'], r['speedup_predicted']), fontsize=7)
-    top = max(max(r['speedup_paper'], r['speedup_predicted']) for r in done) * 1.1
+    ax.scatter([row['speedup_paper'] for row in done], [row['speedup_predicted'] for row in done])
+    for row in done:
+      ax.annotate(f"{row['task']} {row['draft']} t={row['temperature']}",
+                  (row['speedup_paper'], row['speedup_predicted']), fontsize=7)
+    top = max(max(row['speedup_paper'], row['speedup_predicted']) for row in done) * 1.1
     ax.plot([1, top], [1, top], '--', color='gray')
     ax.set_xlabel('paper (TPU-v4)'), ax.set_ylabel('predicted from these costs')
     ax.set_title('Table 2 speedups')
-    paths.append(_save_fig(fig, f'{out}_table2.png'))
+    paths.append(report.save_figure(fig, '_table2'))
   if demo:
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    brows = demo['batch']['rows']
-    for method in dict.fromkeys(r['method'] for r in brows):
-      pts = [(r['batch'], r['tokens_per_s']) for r in brows if r['method'] == method]
-      ax.plot(*zip(*pts), marker='o', label=method)
-    ax.set_xscale('log', base=2), ax.set_yscale('log')
-    ax.set_xlabel('batch'), ax.set_ylabel('tokens/s'), ax.legend()
-    paths.append(_save_fig(fig, f'{out}_batch.png'))
+    demo_data.throughput_plot(ax, demo['batch']['rows'])
+    paths.append(report.save_figure(fig, '_batch'))
   return paths
 
 
-def _save_fig(fig, path: str) -> str:
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-  return path
-
-
-def _save(result, out):
-  benchmarking.write_json(out + '.json', result)
-  benchmarking.write_text(out + '.md', render(result))
-
-
 def main(argv=None):
-  argv = list(sys.argv[1:] if argv is None else argv)
-  args = parse_args(argv)
+  args = parse_args(list(sys.argv[1:] if argv is None else argv))
   if args.compile_cache:
     jax.config.update('jax_compilation_cache_dir', args.compile_cache)
   out = args.out or (os.path.join('/tmp', 'device_report_tiny') if args.tiny else
-                     os.path.join(REPO, 'results', f'device_{device_slug()}'))
+                     harness.results_path(__file__, f'device_{device_slug()}'))
   parts = args.parts.split(',')
-  env = dict(benchmarking.environment(), devices=[str(d) for d in jax.devices()],
-             t5x_importable=t5x_reference.available(), xla_flags=os.environ.get('XLA_FLAGS'))
-  result: Dict[str, Any] = {'command': 'python scripts/device_report.py ' + ' '.join(argv),
-                            'environment': env, 'args': vars(args), 'part_seconds': {},
-                            'part_cpu_seconds': {}}
+  report = harness.Report(__file__, args, argv, out=out,
+                          devices=[str(d) for d in jax.devices()],
+                          t5x_importable=t5x_reference.available(),
+                          xla_flags=os.environ.get('XLA_FLAGS'))
+  report.data.update(part_seconds={}, part_cpu_seconds={})
 
   def timed_part(name, fn):
     start, cpu = time.perf_counter(), time.process_time()
-    result[name] = fn()
-    result['part_seconds'][name] = time.perf_counter() - start
-    result['part_cpu_seconds'][name] = time.process_time() - cpu
-    _save(result, out)
-    print(f'[device_report] {name}: {result["part_seconds"][name]:.0f} s '
-          f'({result["part_cpu_seconds"][name]:.0f} s CPU)', file=sys.stderr, flush=True)
+    report[name] = fn()
+    report['part_seconds'][name] = time.perf_counter() - start
+    report['part_cpu_seconds'][name] = time.process_time() - cpu
+    report.write(render(report))
+    print(f"[device_report] {name}: {report['part_seconds'][name]:.0f} s "
+          f"({report['part_cpu_seconds'][name]:.0f} s CPU)", file=sys.stderr, flush=True)
 
   if {'costs', 'table2', 'efficiency'} & set(parts):  # the last two need the costs
     models: Dict[str, Any] = {}
@@ -473,16 +438,15 @@ def main(argv=None):
                       jnp.int32)
     timed_part('costs', lambda: part_costs(args, models, enc))
     if 'table2' in parts:
-      timed_part('table2', lambda: part_table2(result['costs']))
+      timed_part('table2', lambda: part_table2(report['costs']))
     if 'efficiency' in parts:
-      timed_part('efficiency', lambda: part_efficiency(args, models, result['costs']))
+      timed_part('efficiency', lambda: part_efficiency(args, models, report['costs']))
     del models
   if 'demo' in parts:
     timed_part('demo', lambda: part_demo(args))
-  result['plots'] = plot(result, out)
-  _save(result, out)
-  print(render(result))
-  return result
+  report['plots'] = plot(report)
+  print(report.write(render(report)))
+  return report.data
 
 
 if __name__ == '__main__':

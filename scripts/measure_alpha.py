@@ -15,14 +15,13 @@ Writes results/alpha_demo.json and results/alpha_demo.md.
 
 from __future__ import annotations
 
-import argparse
-import sys
+from typing import List
 
 import numpy as np
 from tqdm import tqdm
 
 from specdec_t5x.algorithm import sampling
-from specdec_t5x.research import benchmarking, evaluation
+from specdec_t5x.research import evaluation, harness
 
 
 def measure(args) -> dict:
@@ -77,38 +76,35 @@ def measure(args) -> dict:
   return {'cells': cells}
 
 
-def render(result: dict) -> str:
-  lines = ['# alpha of the demo family (paper Table 3 method)', '',
-           f"Command: `{result['command']}`", '',
-           f"Environment: {result['environment']}", '',
-           'alpha = mean over target-generated tokens of sum_x min(p, q), p and q standardised '
-           'alike (t=0: one-hot argmax, so beta = 1 iff the argmaxes agree). Empirical: '
-           f"accepted/drafted in real speculative runs (gamma {result['args']['gamma']}); "
-           'alpha_i: P(draft i accepted | drafts 1..i-1 accepted).', '',
-           'These alphas describe the small demo family (quality: results/demo_models.md), '
-           'not T5-XXL. The drafts were distilled from the target (checkpoints/demo/README.md).',
-           '',
-           '| Target | Draft | Task | Sampling | alpha | tokens | empirical | alpha_1..alpha_g |',
-           '|---|---|---|---|---|---|---|---|']
-  for c in result['cells']:
-    s = c['speculative']
-    per = ' '.join('-' if a is None else f'{a:.2f}' for a in s['alpha_per_position'])
-    lines.append(f"| {c['target']} | {c['draft']} | {c['task']} | t={c['temperature']:g} | "
-                 f"{c['alpha']:.2f} | {c['num_tokens']} | {s['alpha_empirical']:.2f} | {per} |")
-  lines += ['', '## beta histograms (10 bins over [0, 1])', '',
-            '| Draft | Task | Sampling | counts |', '|---|---|---|---|']
-  lines += [f"| {c['draft']} | {c['task']} | t={c['temperature']:g} | "
-            f"{' '.join(map(str, c['beta_histogram']['counts']))} |" for c in result['cells']]
-  return '\n'.join(lines) + '\n'
+def render(report: harness.Report) -> List[str]:
+  cells = report['cells']
+  lines = report.header(
+      'alpha of the demo family (paper Table 3 method)',
+      'alpha = mean over target-generated tokens of sum_x min(p, q), p and q standardised '
+      'alike (t=0: one-hot argmax, so beta = 1 iff the argmaxes agree). Empirical: '
+      f"accepted/drafted in real speculative runs (gamma {report['args']['gamma']}); "
+      'alpha_i: P(draft i accepted | drafts 1..i-1 accepted).',
+      'These alphas describe the small demo family (quality: results/demo_models.md), '
+      'not T5-XXL. The drafts were distilled from the target (checkpoints/demo/README.md).')
+  lines += harness.table(
+      ['Target', 'Draft', 'Task', 'Sampling', 'alpha', 'tokens', 'empirical', 'alpha_1..alpha_g'],
+      [[c['target'], c['draft'], c['task'], f"t={c['temperature']:g}", f"{c['alpha']:.2f}",
+        c['num_tokens'], f"{c['speculative']['alpha_empirical']:.2f}",
+        ' '.join(harness.fmt(a) for a in c['speculative']['alpha_per_position'])]
+       for c in cells])
+  lines += ['', f"## beta histograms ({report['args']['bins']} bins over [0, 1])", '']
+  return lines + harness.table(
+      ['Draft', 'Task', 'Sampling', 'counts'],
+      [[c['draft'], c['task'], f"t={c['temperature']:g}",
+        ' '.join(map(str, c['beta_histogram']['counts']))] for c in cells])
 
 
 def main(argv=None):
-  ap = argparse.ArgumentParser(description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = harness.parser(__doc__, harness.results_path(__file__, 'alpha_demo'))
   ap.add_argument('--target', default='demo_target')
   ap.add_argument('--drafts', default='demo_draft_m,demo_draft_s,unigram,bigram')
   ap.add_argument('--tasks', default='ende,summarize')
-  ap.add_argument('--temperatures', default='0,1', type=lambda s: [float(x) for x in s.split(',')])
+  ap.add_argument('--temperatures', default='0,1', type=harness.floats)
   ap.add_argument('--topk', type=int, default=0)
   ap.add_argument('--topp', type=float, default=0.0)
   ap.add_argument('--num_tokens', type=int, default=10000)
@@ -120,17 +116,11 @@ def main(argv=None):
   ap.add_argument('--batch', type=int, default=16)
   ap.add_argument('--bins', type=int, default=10)
   ap.add_argument('--seed', type=int, default=0)
-  ap.add_argument('--out', default='results/alpha_demo')
   args = ap.parse_args(argv)
-  result = measure(args)
-  result = {'command': 'python scripts/measure_alpha.py ' +
-                       ' '.join(argv if argv is not None else sys.argv[1:]),
-            'environment': benchmarking.environment(), 'args': vars(args), **result}
-  benchmarking.write_json(args.out + '.json', result)
-  text = render(result)
-  benchmarking.write_text(args.out + '.md', text)
-  print(text)
-  return result
+  report = harness.Report(__file__, args, argv)
+  report.data.update(measure(args))
+  print(report.write(render(report)))
+  return report.data
 
 
 if __name__ == '__main__':

@@ -20,22 +20,17 @@ Writes {--out}.json, {--out}.md and {--out}_{task}.png.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
+from typing import List
 
 from tqdm import tqdm
 
 from specdec_t5x.integration import infer
-from specdec_t5x.research import benchmarking, evaluation
+from specdec_t5x.research import demo_data, evaluation, harness
 
 
 def run_demo(args, gammas):
-  alpha_cells = []
-  if args.alpha_json and os.path.exists(args.alpha_json):
-    with open(args.alpha_json) as f:
-      alpha_cells = json.load(f)['cells']
+  alpha_cells = demo_data.alpha_cells(args.alpha_json)
   tasks = args.tasks.split(',')
   with tqdm(total=len(tasks) * (1 + len(args.temperatures)), desc='speedup', unit='step') as bar:
     return evaluation.demo_speedups(
@@ -62,62 +57,53 @@ def run_gin(args, gammas):
   return [{'task': run['task'], 'temperature': run['cfg'].temperature, 'costs_s': cost, **res}]
 
 
-def _fmt(value, unit: str = '') -> str:
-  """A ratio with 2 decimals, or '-' when not measured (no prefill costs)."""
-  return '-' if value is None else f'{value:.2f}{unit}'
+def render(report: harness.Report) -> List[str]:
+  groups = report['groups']
+  lines = report.header(
+      f"Speedup vs gamma ({report.environment['device_kind']}, batch 1)",
+      'Speed = (median AR seconds per generated token) / (median speculative seconds per '
+      'generated token) over the same inputs, timed interleaved after compilation (the '
+      'time ratio when greedy; sampled outputs differ in length). alpha = i.i.d. fit to '
+      'measured tokens per call (accepted/drafted in brackets). Theory = E[tokens](alpha_tf) '
+      '* t_target / (gamma t_draft + t_verify), alpha_tf = the teacher-forced alpha of '
+      'results/alpha_demo.json (the fit when absent). Ideal = measured tokens/call * '
+      't_target / (gamma t_draft + t_verify) (the paper\'s, decoder calls only); '
+      'efficiency = Speed / Ideal. Ideal e2e also counts the per-sequence prefill '
+      '(encoder + cache) that both methods pay once: (n P_t + N_ar t_target) / '
+      '(n (P_t + P_d) + N_calls (gamma t_draft + t_verify)); eff. e2e = Speed / Ideal e2e '
+      'isolates our own loop overhead. Chosen = theory.best_gamma_measured(alpha, costs) '
+      'over the swept range.')
+  drafts = [(grp, name, d) for grp in groups for name, d in grp['drafts'].items()]
+  lines += harness.table(
+      ['Task', 'Draft', 'Temp', 'gamma', 'alpha', 'Speed', 'Theory', 'Ideal', 'Efficiency',
+       'Ideal e2e', 'Eff. e2e', 'tokens/call', 'c', 'chosen'],
+      [[grp['task'], name, f"{grp['temperature']:g}", r['gamma'],
+        f"{r['alpha_iid_fit']:.2f} ({r['alpha_empirical']:.2f})",
+        f"{r['speedup_measured']:.2f}x", f"{r['speedup_theory']:.2f}x",
+        f"{r['speedup_ideal']:.2f}x", f"{r['efficiency']:.2f}",
+        harness.fmt(r.get('speedup_ideal_end_to_end'), unit='x'),
+        harness.fmt(r.get('efficiency_end_to_end')), f"{r['tokens_per_target_call']:.2f}",
+        f"{d['c']:.3f}", '<-' if r['gamma'] == d['chosen_measured_gamma'] else '']
+       for grp, name, d in drafts for r in d['rows']])
+  return lines + [''] + harness.table(
+      ['Task', 'Draft', 'Temp', 'alpha for theory', 'chosen gamma', 'best measured gamma',
+       'speed at chosen', 'best speed', 'within 10%'],
+      [[grp['task'], name, f"{grp['temperature']:g}",
+        f"{d['alpha_for_choice']:.2f} ({d['alpha_source']})",
+        f"{d['chosen_gamma']} (nearest swept {d['chosen_measured_gamma']})",
+        d['best_measured_gamma'], f"{d['chosen_measured_speedup']:.2f}x",
+        f"{d['best_measured_speedup']:.2f}x",
+        'yes' if d['chosen_within_10pct_of_best'] else 'no'] for grp, name, d in drafts])
 
 
-def render(result) -> str:
-  lines = [f"# Speedup vs gamma ({result['environment']['device_kind']}, batch 1)", '',
-           f"Command: `{result['command']}`", '', f"Environment: {result['environment']}", '',
-           'Speed = (median AR seconds per generated token) / (median speculative seconds per '
-           'generated token) over the same inputs, timed interleaved after compilation (the '
-           'time ratio when greedy; sampled outputs differ in length). alpha = i.i.d. fit to measured tokens per call '
-           '(accepted/drafted in brackets). Theory = E[tokens](alpha_tf) * t_target / '
-           '(gamma t_draft + t_verify), alpha_tf = the teacher-forced alpha of '
-           'results/alpha_demo.json (the fit when absent). Ideal = measured tokens/call * '
-           't_target / (gamma t_draft + t_verify) (the paper\'s, decoder calls only); '
-           'efficiency = Speed / Ideal. Ideal e2e also counts the per-sequence prefill '
-           '(encoder + cache) that both methods pay once: (n P_t + N_ar t_target) / '
-           '(n (P_t + P_d) + N_calls (gamma t_draft + t_verify)); eff. e2e = Speed / Ideal e2e '
-           'isolates our own loop overhead. Chosen = theory.best_gamma_measured(alpha, costs) '
-           'over the swept range.', '',
-           '| Task | Draft | Temp | gamma | alpha | Speed | Theory | Ideal | Efficiency | '
-           'Ideal e2e | Eff. e2e | tokens/call | c | chosen |',
-           '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|']
-  for grp in result['groups']:
-    for name, d in grp['drafts'].items():
-      for r in d['rows']:
-        mark = '<-' if r['gamma'] == d['chosen_measured_gamma'] else ''
-        lines.append(
-            f"| {grp['task']} | {name} | {grp['temperature']:g} | {r['gamma']} | "
-            f"{r['alpha_iid_fit']:.2f} ({r['alpha_empirical']:.2f}) | "
-            f"{r['speedup_measured']:.2f}x | {r['speedup_theory']:.2f}x | "
-            f"{r['speedup_ideal']:.2f}x | {r['efficiency']:.2f} | "
-            f"{_fmt(r.get('speedup_ideal_end_to_end'), 'x')} | "
-            f"{_fmt(r.get('efficiency_end_to_end'))} | {r['tokens_per_target_call']:.2f} | {d['c']:.3f} | {mark} |")
-  lines += ['', '| Task | Draft | Temp | alpha for theory | chosen gamma | best measured gamma '
-            '| speed at chosen | best speed | within 10% |',
-            '|---|---|---|---|---|---|---|---|---|']
-  for grp in result['groups']:
-    for name, d in grp['drafts'].items():
-      lines.append(f"| {grp['task']} | {name} | {grp['temperature']:g} | "
-                   f"{d['alpha_for_choice']:.2f} ({d['alpha_source']}) | {d['chosen_gamma']} "
-                   f"(nearest swept {d['chosen_measured_gamma']}) | {d['best_measured_gamma']} "
-                   f"| {d['chosen_measured_speedup']:.2f}x | {d['best_measured_speedup']:.2f}x | "
-                   f"{'yes' if d['chosen_within_10pct_of_best'] else 'no'} |")
-  return '\n'.join(lines) + '\n'
-
-
-def plot(result, out: str):
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+def plot(report: harness.Report) -> List[str]:
+  plt = harness.pyplot()
   paths = []
-  for task in dict.fromkeys(g['task'] for g in result['groups']):
+  groups = report['groups']
+  for task in dict.fromkeys(g['task'] for g in groups):
     fig, ax = plt.subplots(figsize=(7, 4.5))
     colors = iter(plt.rcParams['axes.prop_cycle'].by_key()['color'] * 4)
-    for grp in [g for g in result['groups'] if g['task'] == task]:
+    for grp in [g for g in groups if g['task'] == task]:
       for name, d in grp['drafts'].items():
         color, label = next(colors), f"{name} t={grp['temperature']:g}"
         gs = [r['gamma'] for r in d['rows']]
@@ -132,48 +118,37 @@ def plot(result, out: str):
     ax.set_ylabel('walltime speedup over AR')
     ax.set_title(f'{task}: measured (solid), theory (dashed), chosen gamma (star)')
     ax.legend(fontsize=8)
-    path = f'{out}_{task}.png'
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    paths.append(path)
+    paths.append(report.save_figure(fig, f'_{task}'))
   return paths
 
 
 def main(argv=None):
-  argv = list(sys.argv[1:] if argv is None else argv)
-  ap = argparse.ArgumentParser(description=__doc__,
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = harness.parser(__doc__, harness.results_path(__file__, 'speedup_demo'), repeats=3)
   ap.add_argument('--gin_file', action='append', default=[])
   ap.add_argument('--gin_bindings', action='append', default=[])
   ap.add_argument('--target', default='demo_target')
   ap.add_argument('--drafts', default='demo_draft_m,demo_draft_s,bigram')
   ap.add_argument('--tasks', default='ende,summarize')
-  ap.add_argument('--temperatures', default='0,1', type=lambda s: [float(x) for x in s.split(',')])
+  ap.add_argument('--temperatures', default='0,1', type=harness.floats)
   ap.add_argument('--gammas', default=None, help='comma-separated; default 1..7 (gin: GAMMA)')
   ap.add_argument('--num_examples', type=int, default=20)
   ap.add_argument('--max_len', type=int, default=64)
-  ap.add_argument('--repeats', type=int, default=3)
   ap.add_argument('--cost_calls', type=int, default=32, help='decoder calls per cost timing')
   ap.add_argument('--cost_repeats', type=int, default=7, help='interleaved cost repeats')
   ap.add_argument('--seed', type=int, default=0)
-  ap.add_argument('--alpha_json', default='results/alpha_demo.json',
+  ap.add_argument('--alpha_json', default=harness.results_path(__file__, 'alpha_demo.json'),
                   help='measure_alpha output; its alpha drives theory (else: fit)')
-  ap.add_argument('--out', default='results/speedup_demo')
-  args = ap.parse_args(infer.rewrite_gin_args(argv))
-  gammas = [int(g) for g in args.gammas.split(',')] if args.gammas else None
+  args = ap.parse_args(infer.rewrite_gin_args(sys.argv[1:] if argv is None else argv))
+  gammas = harness.ints(args.gammas) if args.gammas else None
+  report = harness.Report(__file__, args, argv)
   if args.gin_file:
-    groups = run_gin(args, gammas)
+    report['groups'] = run_gin(args, gammas)
   else:
-    groups = run_demo(args, gammas or list(range(1, 8)))
-  result = {'command': 'python scripts/speedup_table.py ' + ' '.join(argv),
-            'environment': benchmarking.environment(), 'args': vars(args), 'groups': groups}
-  benchmarking.write_json(args.out + '.json', result)
-  text = render(result)
-  benchmarking.write_text(args.out + '.md', text)
-  result['plots'] = plot(result, args.out)
+    report['groups'] = run_demo(args, gammas or list(range(1, 8)))
+  text = report.write(render(report))
+  report['plots'] = plot(report)
   print(text)
-  return result
+  return report.data
 
 
 if __name__ == '__main__':

@@ -1,0 +1,112 @@
+"""Demo-family inputs, texts, quality and row-by-row decodes shared by the result scripts.
+
+The demo checkpoints load with evaluation.load_model; this module adds what several
+scripts need around them: a task's encoder inputs with references and the tokenizer,
+token ids back to text, the task's quality metric, and batch-1 decodes of many rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+import numpy as np
+
+from specdec_t5x.algorithm import api, batching
+from specdec_t5x.integration import metrics
+from specdec_t5x.research import evaluation, harness
+
+STAT_KEYS = ('generated_tokens', 'target_calls', 'drafted_tokens', 'accepted_tokens')
+
+
+def load_task(task: str, num: int, input_len: int = 128) -> Tuple[np.ndarray, List[str], Any]:
+  """-> (encoder inputs [num, input_len] int32, reference strings, the SentencePiece model)
+  of the first `num` rows of the demo test sample of `task`."""
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  examples = evaluation.load_examples(task, num, max_input_len=input_len)
+  sp = spm.SentencePieceProcessor(model_file=evaluation.DEMO_VOCAB)
+  return (evaluation.pad_batch([e.inputs for e in examples], input_len),
+          [e.reference for e in examples], sp)
+
+
+def texts(sp, tokens: Sequence[Sequence[int]], eos_id: int = 1) -> List[str]:
+  """Decoded rows: each cut at its first EOS; ids <= EOS and ids past the SentencePiece
+  vocabulary (padding of the model's vocabulary) dropped."""
+  out = []
+  for row in tokens:
+    row = [int(t) for t in row]
+    row = row[:row.index(eos_id)] if eos_id in row else row
+    out.append(sp.decode([t for t in row if eos_id < t < sp.get_piece_size()]))
+  return out
+
+
+def quality(task: str, refs: Sequence[str], preds: Sequence[str]) -> Dict[str, float]:
+  """The task's metric: BLEU for 'ende', ROUGE (rouge1, rouge2, rougeLsum) otherwise."""
+  return metrics.bleu(refs, preds) if task == 'ende' else dict(metrics.rouge(refs, preds))
+
+
+def row_decoder(target, enc: np.ndarray, max_len: int, **kw) -> Callable[[], List[Any]]:
+  """A fn decoding each row of enc [N, L] alone (batch 1, at its length bucket) with
+  api.generate(**kw); it returns the N outputs. Time it with harness.interleaved."""
+  rows = [batching.trim_batch(enc[r:r + 1]) for r in range(len(enc))]
+  return lambda: [api.generate(target, row, max_decode_length=max_len, **kw) for row in rows]
+
+
+def row_totals(outs: Sequence[Any]) -> Tuple[np.ndarray, Dict[str, int]]:
+  """-> (tokens [N, max_len], STAT_KEYS summed over the rows) of row_decoder's outputs."""
+  tokens = np.stack([np.asarray(o.tokens[0]) for o in outs])
+  return tokens, {k: int(sum(np.asarray(o.stats[k]).sum() for o in outs)) for k in STAT_KEYS}
+
+
+def rates(stats: Dict[str, int]) -> Dict[str, Any]:
+  """alpha = accepted / drafted (None when nothing was drafted), tokens per target call
+  and drafts per target call."""
+  drafted = stats['drafted_tokens']
+  return {'alpha': stats['accepted_tokens'] / drafted if drafted else None,
+          'tokens_per_call': stats['generated_tokens'] / stats['target_calls'],
+          'drafts_per_step': drafted / stats['target_calls']}
+
+
+def row_results(timings: Any, base: str = 'AR') -> Dict[str, Dict[str, Any]]:
+  """Per name of harness.interleaved over row_decoder fns: median seconds, speedup_vs_ar
+  (over `base`), rates, whether the tokens equal `base`'s (equal_to_ar) and STAT_KEYS."""
+  med = timings.median
+  base_tokens, _ = row_totals(timings.outputs[base])
+  out = {}
+  for name, outs in timings.outputs.items():
+    tokens, stats = row_totals(outs)
+    out[name] = dict(seconds=med[name], speedup_vs_ar=med[base] / med[name], **rates(stats),
+                     equal_to_ar=bool(np.array_equal(tokens, base_tokens)), **stats)
+  return out
+
+
+def alpha_cells(path: str) -> List[Dict[str, Any]]:
+  """The alpha cells of a scripts/measure_alpha.py results file ([] when it is missing)."""
+  if not path or not os.path.exists(path):
+    return []
+  with open(path, encoding='utf-8') as f:
+    return json.load(f)['cells']
+
+
+def throughput_table(rows: Sequence[Dict[str, Any]]) -> List[str]:
+  """Markdown table of evaluation.batch_throughput's rows."""
+  return harness.table(
+      ['batch', 'method', 'tokens/s', 'speedup vs AR', 'alpha', 'tokens/call',
+       'rows == batch-1'],
+      [[r['batch'], r['method'], f"{r['tokens_per_s']:.1f}", f"{r['speedup_vs_ar']:.2f}x",
+        harness.fmt(r['alpha']), f"{r['tokens_per_call']:.2f}",
+        f"{r['rows_equal_batch1']} ({r['rows_checked']} rows)"] for r in rows], 'rlrrrrl')
+
+
+def throughput_plot(ax, rows: Sequence[Dict[str, Any]]) -> None:
+  """Tokens/s against batch size (log-log), a line per method, on a matplotlib axis."""
+  for method in dict.fromkeys(r['method'] for r in rows):
+    ax.plot(*zip(*[(r['batch'], r['tokens_per_s']) for r in rows if r['method'] == method]),
+            marker='o', label=method)
+  ax.set_xscale('log', base=2)
+  ax.set_yscale('log')
+  ax.set_xlabel('batch')
+  ax.set_ylabel('tokens/s')
+  ax.legend()
+  ax.grid(alpha=0.3)
