@@ -118,3 +118,11 @@ def test_scripts_import_no_script_and_leave_sys_path_alone():
       if name.split('.')[0] in names | {'scripts'}:
         bad.append(f'{path.name} imports {name}')
   assert not bad, '\n'.join(bad)
+
+
+def test_no_module_past_400_lines():
+  """Small single-purpose files: no library module or script grows past 400 lines."""
+  files = sorted(PACKAGE.rglob('*.py')) + sorted((ROOT / 'scripts').glob('*.py'))
+  long = {str(p.relative_to(ROOT)): n for p in files
+          if (n := len(p.read_text(encoding='utf-8').splitlines())) > 400}
+  assert not long, long
