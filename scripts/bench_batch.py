@@ -24,7 +24,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from specdec_t5x.algorithm import timing  # noqa: E402
+from specdec_t5x.algorithm import batching, stats, timing  # noqa: E402
 from specdec_t5x.research import benchmarking, evaluation  # noqa: E402
 
 DEMO = os.path.join(REPO, 'checkpoints', 'demo')
@@ -40,7 +40,7 @@ def load_task(task: str, num: int, input_len: int = 128):
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
   examples = evaluation.load_examples(task, num, max_input_len=input_len)
   sp = spm.SentencePieceProcessor(model_file=evaluation.DEMO_VOCAB)
-  return (evaluation.pad_batch([e.inputs for e in examples], input_len),
+  return (batching.pad_batch([e.inputs for e in examples], input_len),
           [e.reference for e in examples], sp)
 
 
@@ -61,7 +61,7 @@ def timed(fn, repeats: int):
   return statistics.median(times), timing.block(fn())
 
 
-summarize_stats = evaluation.summarize_stats  # the other result scripts import it here
+summarize_stats = stats.summarize  # the other result scripts import it here
 
 
 def main(argv=None):
@@ -91,9 +91,9 @@ def main(argv=None):
            '| batch | method | tokens/s | speedup vs AR | alpha | tokens/call | rows == batch-1 |',
            '|---:|---|---:|---:|---:|---:|---|']
   for r in rows:
-    alpha = '-' if r['alpha'] is None else f"{r['alpha']:.2f}"
+    alpha = '-' if r['alpha_empirical'] is None else f"{r['alpha_empirical']:.2f}"
     lines.append(f"| {r['batch']} | {r['method']} | {r['tokens_per_s']:.1f} | "
-                 f"{r['speedup_vs_ar']:.2f} | {alpha} | {r['tokens_per_call']:.2f} | "
+                 f"{r['speedup_vs_ar']:.2f} | {alpha} | {r['mean_tokens_per_target_call']:.2f} | "
                  f"{r['rows_equal_batch1']} ({r['rows_checked']} rows) |")
   lines += ['', '## Where speculation stops paying (cost model)', '',
             'A speculative step costs gamma draft calls plus one target call over gamma + 1 '

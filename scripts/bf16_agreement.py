@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import api, network, timing
+from specdec_t5x.algorithm import api, batching, network, timing
 from specdec_t5x.integration import checkpoints
 from specdec_t5x.research import benchmarking, evaluation
 
@@ -186,8 +186,8 @@ def diagnose(dtype: str, enc: np.ndarray, refs: np.ndarray, k: int) -> Dict[str,
 
 def measure(args) -> Dict[str, Any]:
   examples = evaluation.load_examples('ende', args.num_examples, max_input_len=INPUT_LEN)
-  enc = evaluation.pad_batch([e.inputs for e in examples], INPUT_LEN)
-  refs = evaluation.pad_batch([e.targets[:MAX_LEN] for e in examples], MAX_LEN)
+  enc = batching.pad_batch([e.inputs for e in examples], INPUT_LEN, INPUT_LEN)
+  refs = batching.pad_batch([e.targets[:MAX_LEN] for e in examples], MAX_LEN, MAX_LEN)
   gammas = [int(g) for g in args.gammas.split(',')]
   result: Dict[str, Any] = {}
   for dtype in DTYPES:
@@ -250,8 +250,8 @@ def render(r: Dict[str, Any]) -> str:
 
 def run_diagnosis(args) -> None:
   examples = evaluation.load_examples('ende', args.batch_size, max_input_len=INPUT_LEN)
-  enc = evaluation.pad_batch([e.inputs for e in examples], INPUT_LEN)
-  refs = evaluation.pad_batch([e.targets[:MAX_LEN] for e in examples], MAX_LEN)
+  enc = batching.pad_batch([e.inputs for e in examples], INPUT_LEN, INPUT_LEN)
+  refs = batching.pad_batch([e.targets[:MAX_LEN] for e in examples], MAX_LEN, MAX_LEN)
   k = max(int(g) for g in args.gammas.split(',')) + 1
   cells = [diagnose(d, enc, refs, k) for d in DTYPES]
   result = {'command': 'python scripts/bf16_agreement.py ' + ' '.join(sys.argv[1:]),

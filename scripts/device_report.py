@@ -64,7 +64,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from specdec_t5x import generate  # noqa: E402
-from specdec_t5x.algorithm import network, sampling, theory, timing  # noqa: E402
+from specdec_t5x.algorithm import batching, network, sampling, theory, timing  # noqa: E402
 from specdec_t5x.research import benchmarking, evaluation, paper, t5x_reference  # noqa: E402
 
 PARTS = ('costs', 'table2', 'efficiency', 'demo')
@@ -275,7 +275,7 @@ def part_demo(args) -> Dict[str, Any]:
   batches = _ints(args.batch_sizes)
   task = args.demo_tasks.split(',')[0]
   examples = evaluation.load_examples(task, max(batches))
-  enc = evaluation.pad_batch([e.inputs for e in examples])  # batches run at their buckets
+  enc = batching.pad_batch([e.inputs for e in examples])  # batches run at their buckets
   draft = evaluation.load_model(args.demo_drafts.split(',')[0], task)
   batch_rows = evaluation.batch_throughput(
       evaluation.load_model('demo_target'), draft, enc, batches, [args.batch_gamma],
@@ -378,7 +378,7 @@ def render(result) -> str:
               '| batch | method | tokens/s | speedup vs AR | alpha | tokens/call | rows == batch-1 |',
               '|---:|---|---:|---:|---:|---:|---|']
     lines += [f"| {r['batch']} | {r['method']} | {r['tokens_per_s']:.1f} | "
-              f"{r['speedup_vs_ar']:.2f}x | {_f(r['alpha'])} | {r['tokens_per_call']:.2f} | "
+              f"{r['speedup_vs_ar']:.2f}x | {_f(r['alpha_empirical'])} | {r['mean_tokens_per_target_call']:.2f} | "
               f"{r['rows_equal_batch1']} ({r['rows_checked']}) |" for r in b['rows']]
   return '\n'.join(lines) + '\n'
 

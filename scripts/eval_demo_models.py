@@ -16,7 +16,7 @@ import numpy as np
 import sentencepiece as spm
 from tqdm import tqdm
 
-from specdec_t5x.algorithm import sampling
+from specdec_t5x.algorithm import batching, sampling
 from specdec_t5x.integration import metrics
 from specdec_t5x.research import benchmarking, evaluation
 
@@ -36,7 +36,7 @@ def main(argv=None):
   scores = {}
   for task in tqdm(('ende', 'summarize'), desc='tasks'):
     examples = evaluation.load_examples(task, args.num_examples)
-    enc = evaluation.pad_batch([e.inputs for e in examples])
+    enc = batching.pad_batch([e.inputs for e in examples])
     refs = [e.reference for e in examples]
     for name in MODELS:
       outs = evaluation.target_outputs(evaluation.load_model(name), enc,
