@@ -50,7 +50,7 @@ def main(argv=None):
       f'max_decode_length {args.max_len}, median of {args.repeats} interleaved repeats.') +
       harness.table(['policy', 'alpha', 'tokens/call', 'drafts/step', 'seconds', 'vs AR',
                      'vs best fixed', '== AR'],
-                    [[r['name'], harness.fmt(r['alpha']), f"{r['tokens_per_call']:.2f}",
+                    [[r['name'], harness.fmt(r['alpha_empirical']), f"{r['mean_tokens_per_target_call']:.2f}",
                       harness.fmt(r['drafts_per_step']), f"{r['seconds']:.2f}",
                       f"{r['speedup_vs_ar']:.2f}", f"{r['speedup_vs_best_fixed']:.2f}",
                       r['equal_to_ar']] for r in rows], 'lrrrrrrl'))

@@ -56,8 +56,8 @@ def main(argv=None):
       f'max_decode_length {args.max_len}, median of {args.repeats} interleaved repeats.') +
       harness.table(['task', 'draft', 'alpha', 'tokens/call', 'seconds', 'speedup vs AR',
                      'output == AR'],
-                    [[r['task'], r['draft'], harness.fmt(r['alpha']),
-                      f"{r['tokens_per_call']:.2f}", f"{r['seconds']:.2f}",
+                    [[r['task'], r['draft'], harness.fmt(r['alpha_empirical']),
+                      f"{r['mean_tokens_per_target_call']:.2f}", f"{r['seconds']:.2f}",
                       f"{r['speedup']:.2f}", r['equal_to_ar']] for r in results], 'llrrrrl'))
 
 

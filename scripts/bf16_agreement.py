@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import api, network
+from specdec_t5x.algorithm import api, batching, network
 from specdec_t5x.integration import checkpoints
 from specdec_t5x.research import evaluation, harness
 
@@ -184,8 +184,8 @@ def diagnose(dtype: str, enc: np.ndarray, refs: np.ndarray, k: int) -> Dict[str,
 
 def measure(args) -> Dict[str, Any]:
   examples = evaluation.load_examples('ende', args.num_examples, max_input_len=INPUT_LEN)
-  enc = evaluation.pad_batch([e.inputs for e in examples], INPUT_LEN)
-  refs = evaluation.pad_batch([e.targets[:MAX_LEN] for e in examples], MAX_LEN)
+  enc = batching.pad_batch([e.inputs for e in examples], INPUT_LEN, INPUT_LEN)
+  refs = batching.pad_batch([e.targets[:MAX_LEN] for e in examples], MAX_LEN, MAX_LEN)
   gammas = [int(g) for g in args.gammas.split(',')]
   result: Dict[str, Any] = {}
   for dtype in DTYPES:
@@ -248,8 +248,8 @@ def render(report: harness.Report) -> List[str]:
 def run_diagnosis(report: harness.Report) -> str:
   args = report['args']
   examples = evaluation.load_examples('ende', args['batch_size'], max_input_len=INPUT_LEN)
-  enc = evaluation.pad_batch([e.inputs for e in examples], INPUT_LEN)
-  refs = evaluation.pad_batch([e.targets[:MAX_LEN] for e in examples], MAX_LEN)
+  enc = batching.pad_batch([e.inputs for e in examples], INPUT_LEN, INPUT_LEN)
+  refs = batching.pad_batch([e.targets[:MAX_LEN] for e in examples], MAX_LEN, MAX_LEN)
   k = max(harness.ints(args['gammas'])) + 1
   cells = report['cells'] = [diagnose(d, enc, refs, k) for d in DTYPES]
   lines = report.header(

@@ -54,7 +54,7 @@ def main(argv=None):
   target, draft = evaluation.load_model('demo_target'), evaluation.load_model('demo_draft_m')
   rows = []
   for task in ('ende', 'summarize'):
-    enc = evaluation.pad_batch(
+    enc = batching.pad_batch(
         [e.inputs for e in evaluation.load_examples(task, args.num_examples)])
     for g in harness.ints(args.gammas):
       fns = {v: (lambda v=v: run_all(target, draft, enc, g, v, args.max_len))
@@ -70,7 +70,7 @@ def main(argv=None):
         row[f'{v}_seconds'] = timings.median[v]
       row['speed_block_over_token'] = (row['token_seconds'] / row['token_tokens']) / (
           row['block_seconds'] / row['block_tokens'])
-      many = evaluation.pad_batch([e.inputs for e in evaluation.load_examples(task, args.samples)])
+      many = batching.pad_batch([e.inputs for e in evaluation.load_examples(task, args.samples)])
       for v in fns:
         row[f'{v}_tpc_precise'], row[f'{v}_tpc_stderr'] = tokens_per_call(
             target, draft, many, g, v, args.max_len, args.seeds)

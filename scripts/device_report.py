@@ -58,7 +58,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import api, network, sampling, theory, timing
+from specdec_t5x.algorithm import api, batching, network, sampling, theory, timing
 from specdec_t5x.research import (demo_data, device_tables, evaluation, harness, paper,
                                   t5x_reference)
 
@@ -262,7 +262,7 @@ def part_demo(args) -> Dict[str, Any]:
   batches = harness.ints(args.batch_sizes)
   task = args.demo_tasks.split(',')[0]
   examples = evaluation.load_examples(task, max(batches))
-  enc = evaluation.pad_batch([e.inputs for e in examples])  # batches run at their buckets
+  enc = batching.pad_batch([e.inputs for e in examples])  # batches run at their buckets
   draft = evaluation.load_model(args.demo_drafts.split(',')[0], task)
   batch_rows = evaluation.batch_throughput(
       evaluation.load_model('demo_target'), draft, enc, batches, [args.batch_gamma],

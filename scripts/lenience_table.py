@@ -16,7 +16,7 @@ import json
 
 import jax
 
-from specdec_t5x.algorithm import api, batching
+from specdec_t5x.algorithm import api, batching, stats
 from specdec_t5x.research import demo_data, evaluation, harness
 
 
@@ -42,7 +42,7 @@ def main(argv=None):
                                   args.repeats)
     for name, l in settings.items():
       sec, out = timings.median[name], timings.outputs[name]
-      st = evaluation.summarize_stats(out)
+      st = stats.summarize(out.stats)
       rows.append(dict(task=task, setting=name, lenience=l, lossy=l is not None and l < 1.0,
                        seconds=sec, tokens_per_s=st['generated_tokens'] / sec,
                        speedup_vs_ar=timings.median['AR'] / sec, **st,
@@ -61,7 +61,7 @@ def main(argv=None):
       harness.table(['task', 'setting', 'exact?', 'alpha', 'tokens/call', 'seconds',
                      'speedup vs AR', 'quality'],
                     [[r['task'], r['setting'], '**lossy**' if r['lossy'] else 'exact',
-                      harness.fmt(r['alpha']), f"{r['tokens_per_call']:.2f}",
+                      harness.fmt(r['alpha_empirical']), f"{r['mean_tokens_per_target_call']:.2f}",
                       f"{r['seconds']:.2f}", f"{r['speedup_vs_ar']:.2f}", quality(r)]
                      for r in rows], 'lllrrrrl'))
 

@@ -20,7 +20,7 @@ from typing import List
 import numpy as np
 from tqdm import tqdm
 
-from specdec_t5x.algorithm import sampling
+from specdec_t5x.algorithm import batching, sampling
 from specdec_t5x.research import evaluation, harness
 
 
@@ -32,7 +32,7 @@ def measure(args) -> dict:
   for task, temp in jobs:
     cfg = sampling.SamplingConfig(temp, args.topk, args.topp)
     examples = evaluation.load_examples(task, max_input_len=args.max_input_len)
-    enc = evaluation.pad_batch([e.inputs for e in examples], args.max_input_len)
+    enc = batching.pad_batch([e.inputs for e in examples], args.max_input_len)
     # Target outputs until num_tokens: inputs in order, another pass (new seed) if short.
     outputs, rows, passes = [], [], 0
     while sum(map(len, outputs)) < args.num_tokens and passes < args.max_passes:

@@ -72,7 +72,7 @@ def test_paper_row_config_matches_table_2(name):
     assert cfg.vocab_size == 32128 and cfg.mlp_activations == ('gelu', 'linear')
     assert not cfg.logits_via_embedding and cfg.dtype == 'bfloat16'
   # The runner's model settings come from these macros (not evaluated: no data or weights).
-  assert gin.query_parameter('models.SpeculativeEncoderDecoderModel.gamma') is not None
+  assert gin.query_parameter('config.DecodeConfig.gamma') is not None
   lengths = _macro('TASK_FEATURE_LENGTHS')
   assert set(lengths) == {'inputs', 'targets'}
 

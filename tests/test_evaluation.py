@@ -56,7 +56,7 @@ def test_betas_equal_sum_min_of_standardised_distributions(models):
   outs = evaluation.target_outputs(target, enc[:2], cfg, max_len=6, batch=4)
   beta = evaluation.betas(target, draft, enc[:2], outs, cfg)
   # The same quantity computed by hand on the first sequence.
-  dec = evaluation.pad_batch([outs[0]])
+  dec = np.asarray(outs[0], np.int32)[None]  # [1, len]
   dec_in = np.concatenate([np.zeros((1, 1), np.int32), dec[:, :-1]], 1)
   p = sampling.standardize(target[0].apply({'params': target[1]}, enc[:1], dec_in), cfg)
   q = sampling.standardize(draft[0].apply({'params': draft[1]}, enc[:1], dec_in), cfg)

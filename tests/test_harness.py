@@ -115,14 +115,15 @@ def test_row_totals_rates_and_results():
   assert stats == {'generated_tokens': 4, 'target_calls': 3, 'drafted_tokens': 8,
                    'accepted_tokens': 3}
   assert demo_data.rates(stats) == pytest.approx(
-      {'alpha': 3 / 8, 'tokens_per_call': 4 / 3, 'drafts_per_step': 8 / 3})
-  assert demo_data.rates(dict(stats, drafted_tokens=0, accepted_tokens=0))['alpha'] is None
+      {'alpha_empirical': 3 / 8, 'mean_tokens_per_target_call': 4 / 3,
+       'drafts_per_step': 8 / 3})
+  assert demo_data.rates(dict(stats, drafted_tokens=0, accepted_tokens=0))['alpha_empirical'] is None
 
   ar = [out([5, 1], generated_tokens=2, target_calls=2, drafted_tokens=0, accepted_tokens=0),
         out([6, 6], generated_tokens=2, target_calls=2, drafted_tokens=0, accepted_tokens=0)]
   res = demo_data.row_results(harness.Timings({'AR': [4.0], 'spec': [2.0]},
                                               {'AR': ar, 'spec': outs}))
-  assert res['AR']['speedup_vs_ar'] == 1.0 and res['AR']['alpha'] is None
+  assert res['AR']['speedup_vs_ar'] == 1.0 and res['AR']['alpha_empirical'] is None
   assert res['spec']['speedup_vs_ar'] == 2.0 and res['spec']['seconds'] == 2.0
   assert res['spec']['equal_to_ar'] and res['spec']['target_calls'] == 3
   outs[1] = out([6, 7], generated_tokens=2, target_calls=2, drafted_tokens=4, accepted_tokens=2)

@@ -13,7 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import decoding, sampling
+from specdec_t5x.algorithm import decoding
+from specdec_t5x.algorithm.config import DecodeConfig, GammaPolicy
+from specdec_t5x.algorithm.stats import DecodeStats
 
 ModelAndParams = Tuple[Any, Any]  # (flax module with encode/init_cache/extend, params)
 
@@ -21,7 +23,7 @@ ModelAndParams = Tuple[Any, Any]  # (flax module with encode/init_cache/extend, 
 @flax.struct.dataclass
 class GenerateOutput:
   tokens: jax.Array  # [batch, max_decode_length] int32, no BOS, zeros after first EOS
-  stats: dict  # see decoding._finish
+  stats: DecodeStats  # a Mapping too: stats['target_calls'] etc.
 
 
 def _module_key(module) -> Any:
@@ -38,7 +40,7 @@ def _vocab_size(module) -> Optional[int]:
   return getattr(config, 'vocab_size', getattr(module, 'vocab_size', None))
 
 
-def _extend_fn(module, params):
+def _extend_fn(module, params) -> decoding.ExtendFn:
   def fn(cache, tokens, positions):
     return module.apply({'params': params}, cache, tokens, positions, method='extend')
   return fn
@@ -52,27 +54,27 @@ def _prepare(module, params, encoder_tokens, cache_len):
 _COMPILED: dict = {}
 
 
-def _compiled(target_module, draft_module, *, max_len, gamma, cfg, lenience, verifier,
-              policy=decoding.GammaPolicy()):
+def _compiled(target_module, draft_module, *, max_len: int, config: DecodeConfig):
+  if draft_module is None:  # only the sampling settings matter: one program for all others
+    config = DecodeConfig.from_sampling(config.sampling, gamma=1)
   key = (_module_key(target_module), draft_module and _module_key(draft_module),
-         max_len, gamma, cfg, lenience, verifier, policy)
+         max_len, config)
   if key in _COMPILED:
     return _COMPILED[key]
 
   def run(target_params, draft_params, encoder_tokens, rng, eos_id):
     batch = encoder_tokens.shape[0]
     # Positions written: up to max_len + gamma (finished rows keep computing in place).
-    cache_len = max_len + gamma + 1
+    cache_len = max_len + (config.gamma if draft_module is not None else 0) + 1
     target_cache = _prepare(target_module, target_params, encoder_tokens, cache_len)
     target_fn = _extend_fn(target_module, target_params)
     if draft_module is None:
       return decoding.autoregressive_decode(target_fn, target_cache, rng, batch=batch,
-                                            max_len=max_len, cfg=cfg, eos_id=eos_id)
+                                            max_len=max_len, config=config, eos_id=eos_id)
     draft_cache = _prepare(draft_module, draft_params, encoder_tokens, cache_len)
     return decoding.speculative_decode(
         target_fn, _extend_fn(draft_module, draft_params), target_cache, draft_cache, rng,
-        batch=batch, max_len=max_len, gamma=gamma, cfg=cfg, eos_id=eos_id, lenience=lenience,
-        verifier=verifier, policy=policy)
+        batch=batch, max_len=max_len, config=config, eos_id=eos_id)
 
   _COMPILED[key] = jax.jit(run)
   return _COMPILED[key]
@@ -112,14 +114,14 @@ def _check_encoder_inputs(x, vocab_size: Optional[int]) -> jax.Array:
   return jnp.asarray(arr, jnp.int32)
 
 
-def _check_finite(stats: dict) -> None:
+def _check_finite(stats: DecodeStats) -> None:
   """Raises if a decoding row met NaN/inf logits (its tokens would be garbage/padding)."""
   for who, key, hint in (
       ('target', 'nonfinite_target_logits', 'the target params (checkpoint, '
        'CHECKPOINT_DTYPE: float16 overflows) and its inputs'),
       ('draft', 'nonfinite_draft_logits', 'the draft params (checkpoint, dtype)')):
-    flags = stats.get(key)
-    if flags is None or _is_traced(flags):
+    flags = stats[key]
+    if _is_traced(flags):
       continue
     rows = np.flatnonzero(np.asarray(flags))
     if rows.size:
@@ -128,12 +130,20 @@ def _check_finite(stats: dict) -> None:
           f'{rows.tolist()[:10]}; no tokens are returned for them. Check {hint}.')
 
 
+_SETTINGS = dict(gamma=4, temperature=0.0, topk=0, topp=0.0, lenience=1.0, verifier='token',
+                 gamma_policy='fixed')  # generate's defaults, DecodeConfig's fields
+
+
 def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[ModelAndParams] = None,
              gamma: int = 4, temperature: float = 0.0, topk: int = 0, topp: float = 0.0,
              max_decode_length: int, rng: Optional[jax.Array] = None, eos_id: int = 1,
              lenience: float = 1.0, verifier: str = 'token',
-             gamma_policy: Union[str, decoding.GammaPolicy] = 'fixed') -> GenerateOutput:
+             gamma_policy: Union[str, GammaPolicy] = 'fixed',
+             config: Optional[DecodeConfig] = None) -> GenerateOutput:
   """Decodes with the target, speculatively when a draft is given (exact for lenience=1).
+
+  The decode settings (gamma ... gamma_policy) are DecodeConfig's fields: give them one
+  by one, or all at once as `config` (then leave the others at their defaults).
 
   Args:
     target: (module, params) of the target model (network.Transformer or compatible).
@@ -152,14 +162,15 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
       exact, never fewer accepted tokens in expectation). Greedy decoding is identical.
     gamma_policy: 'fixed' (default: gamma drafts every step), 'confidence' or
       'running_alpha' (adaptive draft lengths up to gamma, decided from the draft's q and
-      past acceptances only, so still exact), or a decoding.GammaPolicy with its settings.
+      past acceptances only, so still exact), or a GammaPolicy with its settings.
+    config: a DecodeConfig holding all of the settings above (gamma an integer).
 
   Returns:
-    GenerateOutput with `.tokens` [batch, max_decode_length] and `.stats` (per-row
-    target_calls, drafted_tokens, accepted_tokens, generated_tokens, and
-    accepted_length_histogram [gamma + 1], draft_length_histogram [gamma + 1];
+    GenerateOutput with `.tokens` [batch, max_decode_length] and `.stats`, a DecodeStats
+    (a Mapping): per-row target_calls, drafted_tokens, accepted_tokens, generated_tokens,
+    and accepted_length_histogram [gamma + 1], draft_length_histogram [gamma + 1];
     nonfinite_target_logits / nonfinite_draft_logits [batch] bool, all False when
-    returned: see Raises).
+    returned: see Raises.
 
   Raises:
     ValueError: a bad setting; non-finite temperature; or, for concrete inputs, a token id
@@ -168,39 +179,35 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
     FloatingPointError: the target or draft produced NaN/inf logits for a decoding row
       (e.g. NaN params). Checked after the call, so only when outputs are concrete.
   """
-  cfg = sampling.SamplingConfig(float(temperature), int(topk), float(topp))
+  given = dict(gamma=gamma, temperature=temperature, topk=topk, topp=topp, lenience=lenience,
+               verifier=verifier, gamma_policy=gamma_policy)
+  if config is None:
+    config = DecodeConfig(**given)
+  else:
+    changed = sorted(k for k, v in given.items() if v is not _SETTINGS[k] and v != _SETTINGS[k])
+    if changed:
+      raise ValueError(f'Give the decode settings either as `config` or one by one, not both '
+                       f'(also given: {changed}).')
+    if not isinstance(config, DecodeConfig):
+      raise ValueError(f'config must be a DecodeConfig, got {config!r}.')
   if eos_id is None or isinstance(eos_id, bool) or int(eos_id) != eos_id:
     raise ValueError(f'eos_id must be an integer token id (T5: 1; -1 = never stop), '
                      f'got {eos_id!r}.')
-  if int(gamma) != gamma or gamma < 1:
-    raise ValueError(f'gamma must be an integer >= 1, got {gamma}.')
   if int(max_decode_length) != max_decode_length or max_decode_length < 1:
     raise ValueError(f'max_decode_length must be an integer >= 1, got {max_decode_length}.')
-  if not 0.0 < lenience <= 1.0:
-    raise ValueError(f'lenience must be in (0, 1], got {lenience}.')
-  if verifier not in ('token', 'block'):
-    raise ValueError(f"verifier must be 'token' or 'block', got {verifier!r}.")
-  if verifier == 'block' and lenience != 1.0:
-    raise ValueError('lenience < 1 is defined for the token-wise verifier only.')
-  policy = (decoding.GammaPolicy(gamma_policy) if isinstance(gamma_policy, str)
-            else gamma_policy)
-  if not isinstance(policy, decoding.GammaPolicy):
-    raise ValueError(f'gamma_policy must be a str or decoding.GammaPolicy, got {gamma_policy!r}.')
-  if policy.kind == 'confidence' and verifier == 'block':
-    raise ValueError("gamma_policy='confidence' is verified token-wise only: block "
-                     'verification assumes draft lengths fixed before drafting.')
   target_module, target_params = target
   tokens = _check_encoder_inputs(encoder_input_tokens, _vocab_size(target_module))
   draft_module, draft_params = draft if draft is not None else (None, None)
   if draft_module is not None:
+    if config.gamma == 'auto':
+      raise ValueError("gamma='auto' is chosen by the T5X model from measured call costs "
+                       '(models.py, auto_gamma.py); generate needs an integer gamma.')
     tv, dv = _vocab_size(target_module), _vocab_size(draft_module)
     if tv is not None and dv is not None and tv != dv:
       raise ValueError(f'Draft and target vocabularies differ: target vocab_size={tv}, '
                        f'draft vocab_size={dv}. Speculative decoding needs one tokenizer.')
   rng = jax.random.PRNGKey(0) if rng is None else rng
-  fn = _compiled(target_module, draft_module, max_len=int(max_decode_length),
-                 gamma=int(gamma) if draft_module is not None else 0, cfg=cfg,
-                 lenience=float(lenience), verifier=verifier, policy=policy)
+  fn = _compiled(target_module, draft_module, max_len=int(max_decode_length), config=config)
   out_tokens, stats = fn(target_params, draft_params, tokens, rng, jnp.int32(eos_id))
   _check_finite(stats)
   return GenerateOutput(out_tokens, stats)

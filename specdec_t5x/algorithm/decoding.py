@@ -1,7 +1,8 @@
 """The jit-compiled decoding loops: autoregressive baseline and speculative decoding.
 
-The loops see only callbacks `extend_fn(cache, tokens [b, k], positions [b]) ->
-(logits [b, k, V], cache)` (see network.Transformer.extend), never modules or params.
+The loops see only callbacks of the `ExtendFn` protocol (see network.Transformer.extend),
+never modules or params, and take their settings as one config.DecodeConfig; they count
+into a stats.DecodeStats.
 
 Sequence buffer convention: `seq [b, 2 + max_len + gamma + 1]` holds, per row, a pad at
 index 0 (decoder position -1), BOS (0) at index 1 (position 0), then the generated tokens
@@ -20,48 +21,34 @@ beyond every query's position (masked by causality).
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable, Optional
+from typing import Any, Optional, Protocol, Tuple
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 
+from specdec_t5x.algorithm import config as config_lib
 from specdec_t5x.algorithm import sampling
+from specdec_t5x.algorithm.stats import DecodeStats
 
-ExtendFn = Callable[[Any, jax.Array, jax.Array], tuple]
+# Re-exported: the policy type lives with the decode configuration.
+GammaPolicy = config_lib.GammaPolicy
+GAMMA_POLICIES = config_lib.GAMMA_POLICIES
+DecodeConfig = config_lib.DecodeConfig
 
-GAMMA_POLICIES = ('fixed', 'confidence', 'running_alpha')
 
+class ExtendFn(Protocol):
+  """The callback the loops call: a model's cached decoder over k new tokens per row.
 
-@dataclasses.dataclass(frozen=True)
-class GammaPolicy:
-  """How many tokens to draft per step, from information the draft already has (so exact).
-
-  * 'fixed': always gamma (the paper).
-  * 'confidence': draft while the draft's max q of the NEXT position is >= `threshold`
-    (the first draft is always made); at most gamma. When greedy the confidence is
-    max softmax(logits). The stop depends on q only, never on the sampled token, so
-    token-wise verification stays exact.
-  * 'running_alpha': per row and step, the gamma in 1..gamma maximising the paper's
-    (1 - a^(g+1)) / ((1 - a)(g c + 1)) at the row's running acceptance estimate a
-    (accepted / tested drafts, decayed by `decay`; prior 1 of 2), with c = `cost_ratio`.
-  Hashable: a static argument under jit.
+  Writes the tokens' keys/values at `positions[r] .. positions[r] + k - 1` of row r's
+  cache (overwriting, so rolling back is calling again from an earlier position) and
+  attends to every cached position up to each token's own.
   """
-  kind: str = 'fixed'
-  threshold: float = 0.5
-  cost_ratio: float = 0.1
-  decay: float = 0.9
 
-  def __post_init__(self):
-    if self.kind not in GAMMA_POLICIES:
-      raise ValueError(f'gamma_policy must be one of {GAMMA_POLICIES}, got {self.kind!r}.')
-    if not 0.0 <= self.threshold <= 1.0:
-      raise ValueError(f'confidence threshold must be in [0, 1], got {self.threshold}.')
-    if self.cost_ratio < 0:
-      raise ValueError(f'cost_ratio must be >= 0, got {self.cost_ratio}.')
-    if not 0.0 < self.decay <= 1.0:
-      raise ValueError(f'decay must be in (0, 1], got {self.decay}.')
+  def __call__(self, cache: Any, tokens: jax.Array,
+               positions: jax.Array) -> Tuple[jax.Array, Any]:
+    """cache, tokens [b, k] int32, positions [b] int32 (of each row's first token) ->
+    (logits [b, k, V], the updated cache)."""
 
 
 @flax.struct.dataclass
@@ -74,15 +61,9 @@ class DecodeState:
   target_cache: Any
   draft_cache: Any
   draft_behind: jax.Array  # [b] bool: the draft cache lacks position n - 1 (all accepted)
-  target_calls: jax.Array  # [b] int32: target calls while the row was decoding
-  drafted: jax.Array  # [b] int32: draft tokens proposed to the row's verifier
-  accepted: jax.Array  # [b] int32: draft tokens accepted
-  histogram: jax.Array  # [gamma + 1] int32: steps with 0..gamma accepted drafts
-  draft_histogram: jax.Array  # [gamma + 1] int32: steps with 0..gamma drafts verified
   alpha_hits: jax.Array  # [b] float32: decayed accepted drafts (running_alpha policy)
   alpha_tests: jax.Array  # [b] float32: decayed drafts tested (accepted or the rejected one)
-  target_nonfinite: jax.Array  # [b] bool: a target call gave the decoding row NaN/inf logits
-  draft_nonfinite: jax.Array  # [b] bool: a draft call gave the decoding row NaN/inf logits
+  stats: DecodeStats  # the counters; generated_tokens is filled from `length` at the end
 
 
 def _init_state(batch, max_len, extra, rng, target_cache, draft_cache, gamma):
@@ -93,15 +74,17 @@ def _init_state(batch, max_len, extra, rng, target_cache, draft_cache, gamma):
       rng=jax.random.split(rng, batch),
       target_cache=target_cache, draft_cache=draft_cache,
       draft_behind=jnp.zeros((batch,), bool),
-      target_calls=jnp.zeros((batch,), jnp.int32),
-      drafted=jnp.zeros((batch,), jnp.int32),
-      accepted=jnp.zeros((batch,), jnp.int32),
-      histogram=jnp.zeros((gamma + 1,), jnp.int32),
-      draft_histogram=jnp.zeros((gamma + 1,), jnp.int32),
       alpha_hits=jnp.ones((batch,), jnp.float32),
       alpha_tests=jnp.full((batch,), 2.0, jnp.float32),
-      target_nonfinite=jnp.zeros((batch,), bool),
-      draft_nonfinite=jnp.zeros((batch,), bool))
+      stats=DecodeStats(
+          target_calls=jnp.zeros((batch,), jnp.int32),
+          drafted_tokens=jnp.zeros((batch,), jnp.int32),
+          accepted_tokens=jnp.zeros((batch,), jnp.int32),
+          generated_tokens=jnp.zeros((batch,), jnp.int32),
+          accepted_length_histogram=jnp.zeros((gamma + 1,), jnp.int32),
+          draft_length_histogram=jnp.zeros((gamma + 1,), jnp.int32),
+          nonfinite_target_logits=jnp.zeros((batch,), bool),
+          nonfinite_draft_logits=jnp.zeros((batch,), bool)))
 
 
 def _nonfinite(logits) -> jax.Array:
@@ -135,22 +118,14 @@ def _emit(state: DecodeState, candidates, num_new, max_len: int, eos_id: int):
   return state.replace(seq=seq, length=length, done=done)
 
 
-def _finish(state: DecodeState, max_len: int):
-  """-> tokens [b, max_len] without BOS, zeros after the first EOS, and the stats dict."""
+def _finish(state: DecodeState, max_len: int) -> Tuple[jax.Array, DecodeStats]:
+  """-> tokens [b, max_len] without BOS, zeros after the first EOS, and the DecodeStats.
+
+  `generate` raises when a nonfinite_* flag is set rather than return such rows.
+  """
   tokens = state.seq[:, 2:2 + max_len]
   tokens = jnp.where(jnp.arange(max_len)[None, :] < state.length[:, None], tokens, 0)
-  stats = {
-      'target_calls': state.target_calls,
-      'drafted_tokens': state.drafted,
-      'accepted_tokens': state.accepted,
-      'generated_tokens': state.length,
-      'accepted_length_histogram': state.histogram,
-      'draft_length_histogram': state.draft_histogram,
-      # [b] bool; `generate` raises when any is set rather than return such rows.
-      'nonfinite_target_logits': state.target_nonfinite,
-      'nonfinite_draft_logits': state.draft_nonfinite,
-  }
-  return tokens, stats
+  return tokens, state.stats.replace(generated_tokens=state.length)
 
 
 def _split_keys(rng, num: int, cfg: sampling.SamplingConfig):
@@ -171,8 +146,10 @@ def _propose(logits, keys, i, cfg: sampling.SamplingConfig):
 
 
 def autoregressive_decode(target_fn: ExtendFn, target_cache, rng, *, batch: int, max_len: int,
-                          cfg: sampling.SamplingConfig, eos_id: int):
-  """Baseline: one target call per token. Returns (tokens [b, max_len], stats)."""
+                          config: DecodeConfig, eos_id: int) -> Tuple[jax.Array, DecodeStats]:
+  """Baseline: one target call per token, sampled as `config.sampling` says (gamma and
+  the verifier settings are unused). Returns (tokens [b, max_len], stats)."""
+  cfg = config.sampling
   state = _init_state(batch, max_len, 1, rng, target_cache, None, 0)
 
   def body(s: DecodeState):
@@ -180,9 +157,10 @@ def autoregressive_decode(target_fn: ExtendFn, target_cache, rng, *, batch: int,
     last = _row_window(s.seq, s.length + 1, 1)  # [b, 1]
     logits, cache = target_fn(s.target_cache, last, s.length)
     token, _ = _propose(logits[:, 0], keys, 0, cfg)
-    calls = s.target_calls + (~s.done).astype(jnp.int32)
-    bad = s.target_nonfinite | (_nonfinite(logits) & ~s.done)
-    s = s.replace(rng=rng, target_cache=cache, target_calls=calls, target_nonfinite=bad)
+    stats = s.stats.replace(
+        target_calls=s.stats.target_calls + (~s.done).astype(jnp.int32),
+        nonfinite_target_logits=s.stats.nonfinite_target_logits | (_nonfinite(logits) & ~s.done))
+    s = s.replace(rng=rng, target_cache=cache, stats=stats)
     return _emit(s, token[:, None], jnp.ones((batch,), jnp.int32), max_len, eos_id)
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
@@ -260,15 +238,17 @@ def _running_alpha_gamma(hits, tests, gamma: int, cost_ratio: float):
 
 
 def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, draft_cache, rng,
-                       *, batch: int, max_len: int, gamma: int, cfg: sampling.SamplingConfig,
-                       eos_id: int, lenience: float = 1.0, verifier: str = 'token',
-                       policy: GammaPolicy = GammaPolicy()):
+                       *, batch: int, max_len: int, config: DecodeConfig,
+                       eos_id: int) -> Tuple[jax.Array, DecodeStats]:
   """Algorithm 1 inside one `lax.while_loop`. Returns (tokens [b, max_len], stats).
 
-  `verifier`: 'token' (the paper's token-wise rule) or 'block' (Sun et al., 2025); both
-  exact. Lenience applies to the token-wise rule only. `policy`: how many of the (at most)
-  gamma drafts each row makes per step (GammaPolicy); gamma is the static maximum.
+  `config`: an integer gamma (the static maximum draft length), the sampling settings,
+  the verifier ('token': the paper's rule; 'block': Sun et al., 2025; both exact),
+  lenience (token-wise rule only) and the gamma policy (how many of the at most gamma
+  drafts each row makes per step).
   """
+  gamma, cfg, policy = config.gamma, config.sampling, config.gamma_policy
+  lenience, verifier = config.lenience, config.verifier
   state = _init_state(batch, max_len, gamma + 1, rng, target_cache, draft_cache, gamma)
 
   def body(s: DecodeState):
@@ -306,20 +286,23 @@ def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, dr
     candidates = jnp.where(jnp.arange(gamma + 1)[None, :] == n_acc[:, None],
                            token[:, None], candidates)  # [b, gamma + 1]
     act = active.astype(jnp.int32)
+    st = s.stats
+    st = st.replace(
+        target_calls=st.target_calls + act, drafted_tokens=st.drafted_tokens + num_drafted * act,
+        accepted_tokens=st.accepted_tokens + n_acc * act,
+        accepted_length_histogram=st.accepted_length_histogram + jnp.sum(
+            jax.nn.one_hot(n_acc, gamma + 1, dtype=jnp.int32) * act[:, None], axis=0),
+        draft_length_histogram=st.draft_length_histogram + jnp.sum(
+            jax.nn.one_hot(num_drafted, gamma + 1, dtype=jnp.int32) * act[:, None], axis=0),
+        nonfinite_target_logits=st.nonfinite_target_logits | (_nonfinite(logits) & active),
+        nonfinite_draft_logits=st.nonfinite_draft_logits | (draft_bad & active))
     s = s.replace(
         rng=rng, target_cache=target_cache, draft_cache=draft_cache,
         draft_behind=(n_acc == steps) & (num_steps > 0),
-        target_calls=s.target_calls + act, drafted=s.drafted + num_drafted * act,
-        accepted=s.accepted + n_acc * act,
-        histogram=s.histogram + jnp.sum(jax.nn.one_hot(n_acc, gamma + 1, dtype=jnp.int32)
-                                        * act[:, None], axis=0),
-        draft_histogram=s.draft_histogram + jnp.sum(
-            jax.nn.one_hot(num_drafted, gamma + 1, dtype=jnp.int32) * act[:, None], axis=0),
         alpha_hits=jnp.where(active, policy.decay * s.alpha_hits + n_acc, s.alpha_hits),
         alpha_tests=jnp.where(active, policy.decay * s.alpha_tests + jnp.minimum(
             n_acc + 1, num_drafted), s.alpha_tests),
-        target_nonfinite=s.target_nonfinite | (_nonfinite(logits) & active),
-        draft_nonfinite=s.draft_nonfinite | (draft_bad & active))
+        stats=st)
     return _emit(s, candidates, n_acc + 1, max_len, eos_id)
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)

@@ -24,15 +24,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import api, network
-from specdec_t5x.integration import checkpoints
+from specdec_t5x.algorithm import api, network, stats
+from specdec_t5x.algorithm.config import DecodeConfig
+from specdec_t5x.integration import checkpoints, vocab_check
 
 try:  # T5X is not on PyPI: subclass its model only when it is installed.
   from t5x import models as t5x_models  # type: ignore
 except ImportError:
   t5x_models = None
 
-PER_EXAMPLE_STATS = ('target_calls', 'drafted_tokens', 'accepted_tokens', 'generated_tokens')
+PER_EXAMPLE_STATS = stats.PER_EXAMPLE_STATS
+summarize_stats = stats.summarize  # what infer writes to metrics.json
+_DECODE_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig))
 _CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(network.T5Config))
 
 
@@ -58,40 +61,6 @@ def config_dict(config: Any) -> Optional[Dict[str, Any]]:
     out[name] = (list(value) if isinstance(value, (tuple, list))
                  else value if isinstance(value, (int, float, str, bool, type(None)))
                  else jnp.dtype(value).name)
-  return out
-
-
-def _spm_identity(vocab: Any) -> Tuple[Optional[str], int]:
-  path = getattr(vocab, 'sentencepiece_model_file', None)
-  if path and '://' not in path:
-    path = os.path.abspath(path)
-  return path, int(getattr(vocab, 'extra_ids', 0) or 0)
-
-
-def same_sentencepiece(a: Any, b: Any) -> bool:
-  """Whether two seqio SentencePiece vocabularies are the same model (path+extra ids, or
-  identical local files). Reads no remote file."""
-  (path_a, extra_a), (path_b, extra_b) = _spm_identity(a), _spm_identity(b)
-  if extra_a != extra_b:
-    return False
-  if path_a == path_b:
-    return True
-  if path_a and path_b and os.path.isfile(path_a) and os.path.isfile(path_b):
-    with open(path_a, 'rb') as fa, open(path_b, 'rb') as fb:
-      return fa.read() == fb.read()
-  return False
-
-
-def summarize_stats(total: Mapping[str, Any]) -> Dict[str, Any]:
-  """Totals of the per-example counters and histogram -> the speculative statistics:
-  alpha_empirical = accepted / drafted tokens, mean tokens per target call."""
-  out = {k: int(total.get(k, 0)) for k in PER_EXAMPLE_STATS}
-  out['alpha_empirical'] = (out['accepted_tokens'] / out['drafted_tokens']
-                            if out['drafted_tokens'] else None)
-  out['mean_tokens_per_target_call'] = (out['generated_tokens'] / out['target_calls']
-                                        if out['target_calls'] else None)
-  out['accepted_length_histogram'] = (np.asarray(total['accepted_length_histogram']).tolist()
-                                      if 'accepted_length_histogram' in total else None)
   return out
 
 
@@ -125,8 +94,10 @@ class _SpeculativeMixin:
   """Draft model, sampling settings and the decoding methods shared by both classes."""
 
   def _init_speculative(self, *, draft_config, draft_module, draft_checkpoint, draft_params,
-                        draft_vocabulary, gamma, temperature, topk, topp, max_decode_length,
-                        lenience, verifier, gamma_alpha):
+                        draft_vocabulary, max_decode_length, decode_config, **settings):
+    # The keyword settings (gamma=..., temperature=...) override decode_config's fields.
+    config = decode_config if decode_config is not None else DecodeConfig()
+    self.decode_config = config.replace(**settings) if settings else config
     target = as_our_transformer(self.module)
     if draft_module is None and draft_config is not None:
       draft_module = network.Transformer(draft_config)
@@ -137,21 +108,10 @@ class _SpeculativeMixin:
     self.draft_vocabulary = draft_vocabulary
     self._draft_params = draft_params
     # 'auto': chosen at the first batch from measured call costs (auto_gamma.py).
-    self.gamma = self.gamma_setting = gamma if gamma == 'auto' else int(gamma)
-    self.gamma_alpha = None if gamma_alpha is None else float(gamma_alpha)
+    self.gamma = self.decode_config.gamma
     self.gamma_choice: Optional[Dict[str, Any]] = None
-    self.temperature = float(temperature)
-    self.topk, self.topp = int(topk), float(topp)
     self.max_decode_length = max_decode_length
-    self.lenience, self.verifier = float(lenience), verifier
     self._run_totals: Dict[str, Any] = {}
-    if self.gamma != 'auto' and self.gamma < 1:
-      raise ValueError(f"gamma must be >= 1 or 'auto', got {gamma}.")
-    if self.gamma_alpha is not None and not 0.0 <= self.gamma_alpha <= 1.0:
-      raise ValueError(f"gamma_alpha (alpha for gamma='auto') must be in [0, 1], got "
-                       f'{gamma_alpha}.')
-    if not 0.0 < self.lenience <= 1.0:
-      raise ValueError(f'lenience must be in (0, 1], got {lenience}.')
     if draft_module is not None:
       tv = getattr(target.config, 'vocab_size', None)
       dv = getattr(self.draft_config, 'vocab_size', getattr(draft_module, 'vocab_size', None))
@@ -161,11 +121,20 @@ class _SpeculativeMixin:
                          'fix TARGET_CONFIG / DRAFT_CONFIG.')
       target_vocab = self.output_vocabulary
       if (draft_vocabulary is not None and target_vocab is not None
-          and not same_sentencepiece(draft_vocabulary, target_vocab)):
+          and not vocab_check.same_sentencepiece(draft_vocabulary, target_vocab)):
         raise ValueError(
             'Draft and target use different SentencePiece models: target '
-            f'{_spm_identity(target_vocab)}, draft {_spm_identity(draft_vocabulary)} '
-            '(path, extra_ids). Speculative decoding needs the same tokenizer.')
+            f'{vocab_check.spm_identity(target_vocab)}, draft '
+            f'{vocab_check.spm_identity(draft_vocabulary)} (path, extra_ids). Speculative '
+            'decoding needs the same tokenizer.')
+
+  gamma_setting = property(lambda self: self.decode_config.gamma)  # int or 'auto'
+  gamma_alpha = property(lambda self: self.decode_config.gamma_alpha)
+  temperature = property(lambda self: self.decode_config.temperature)
+  topk = property(lambda self: self.decode_config.topk)
+  topp = property(lambda self: self.decode_config.topp)
+  lenience = property(lambda self: self.decode_config.lenience)
+  verifier = property(lambda self: self.decode_config.verifier)
 
   @property
   def is_speculative(self) -> bool:
@@ -188,9 +157,10 @@ class _SpeculativeMixin:
   def check_task_vocabulary(self, vocab: Any) -> None:
     """Raises unless the task's vocabulary is this model's and fits the embedding."""
     own = getattr(self, 'output_vocabulary', None)
-    if own is not None and not same_sentencepiece(own, vocab):
-      raise ValueError(f'Model and task vocabularies differ: model {_spm_identity(own)}, '
-                       f'task {_spm_identity(vocab)}; set VOCAB_PATH / VOCAB_EXTRA_IDS, or '
+    if own is not None and not vocab_check.same_sentencepiece(own, vocab):
+      raise ValueError(f'Model and task vocabularies differ: model '
+                       f'{vocab_check.spm_identity(own)}, task {vocab_check.spm_identity(vocab)}'
+                       '; set VOCAB_PATH / VOCAB_EXTRA_IDS, or '
                        "register the task with the model's vocabulary in a module named by "
                        'MIXTURE_OR_TASK_MODULE.')
     size = self.target_module.config.vocab_size
@@ -233,12 +203,11 @@ class _SpeculativeMixin:
 
   def describe(self) -> Dict[str, Any]:
     """Settings for metrics.json and for checking that a resumed run is the same run."""
+    settings = self.decode_config.describe()
+    if not self.is_speculative:
+      settings['gamma'] = None
     return {
-        'speculative': self.is_speculative,
-        'gamma': self.gamma_setting if self.is_speculative else None,
-        **({'gamma_alpha': self.gamma_alpha} if self.gamma_setting == 'auto' else {}),
-        'temperature': self.temperature, 'topk': self.topk, 'topp': self.topp,
-        'lenience': self.lenience, 'lossy': self.lenience < 1.0, 'verifier': self.verifier,
+        'speculative': self.is_speculative, **settings,
         'max_decode_length': self.max_decode_length,
         'target_config': config_dict(self.target_module.config),
         'draft_config': config_dict(self.draft_config),
@@ -267,12 +236,12 @@ class _SpeculativeMixin:
     draft = (self.draft_module, self.draft_params) if self.is_speculative else None
     if draft is not None and self.gamma == 'auto':
       self._choose_gamma(params, batch['encoder_input_tokens'], int(max_len), rng)
+    config = self.decode_config
+    if config.gamma != self.gamma:  # gamma='auto', now chosen
+      config = config.replace(gamma=self.gamma)
     out = api.generate((self.target_module, params), batch['encoder_input_tokens'],
-                       draft=draft, gamma=self.gamma if draft is not None else 1,
-                       temperature=self.temperature,
-                       topk=self.topk, topp=self.topp, max_decode_length=int(max_len),
-                       rng=rng, eos_id=self.eos_id, lenience=self.lenience,
-                       verifier=self.verifier)
+                       draft=draft, max_decode_length=int(max_len), rng=rng,
+                       eos_id=self.eos_id, config=config)
     aux = {k: out.stats[k] for k in PER_EXAMPLE_STATS}
     return out.tokens, aux, {'accepted_length_histogram': out.stats['accepted_length_histogram']}
 
@@ -354,9 +323,9 @@ class _SpeculativeMixin:
 
 
 _DRAFT_DEFAULTS = dict(draft_config=None, draft_module=None, draft_checkpoint=None,
-                       draft_params=None, draft_vocabulary=None, gamma=4, temperature=0.0,
-                       topk=0, topp=0.0, max_decode_length=None, lenience=1.0,
-                       verifier='token', gamma_alpha=None)
+                       draft_params=None, draft_vocabulary=None, max_decode_length=None,
+                       decode_config=None)
+_ARGUMENTS = set(_DRAFT_DEFAULTS) | set(_DECODE_FIELDS)
 
 
 class StandaloneSpeculativeModel(_SpeculativeMixin):
@@ -371,16 +340,18 @@ class StandaloneSpeculativeModel(_SpeculativeMixin):
     draft_checkpoint: T5X checkpoint of the draft (loaded by `restore_draft`).
     draft_params: draft parameters, instead of a checkpoint.
     draft_vocabulary: the draft's vocabulary, checked to be the target's.
-    gamma, temperature, topk, topp, lenience, verifier: see `specdec_t5x.generate`;
-      gamma='auto' picks gamma at the first batch from call costs measured then
-      (auto_gamma.py) and alpha `gamma_alpha` (None: a warm-up decode of that batch).
+    decode_config: the DecodeConfig to decode with (default DecodeConfig(): gamma 4,
+      greedy, exact); gamma='auto' picks gamma at the first batch from call costs
+      measured then (auto_gamma.py) and alpha `gamma_alpha` (None: a warm-up decode).
+    gamma, temperature, topk, topp, gamma_alpha, gamma_policy, verifier, lenience:
+      DecodeConfig's fields one by one; each given overrides decode_config's.
     max_decode_length: decoder tokens per example; None = batch['decoder_input_tokens']
       length (T5X's convention).
   """
 
   def __init__(self, module: Any, input_vocabulary: Any = None, output_vocabulary: Any = None,
                optimizer_def: Any = None, **speculative: Any):
-    unknown = set(speculative) - set(_DRAFT_DEFAULTS)
+    unknown = set(speculative) - _ARGUMENTS
     if unknown:
       raise TypeError(f'Unknown arguments: {sorted(unknown)}')
     self.module = module
@@ -400,7 +371,7 @@ if t5x_models is not None:
 
     def __init__(self, module: Any, input_vocabulary: Any, output_vocabulary: Any,
                  optimizer_def: Any = None, **kwargs: Any):
-      speculative = {k: kwargs.pop(k) for k in list(kwargs) if k in _DRAFT_DEFAULTS}
+      speculative = {k: kwargs.pop(k) for k in list(kwargs) if k in _ARGUMENTS}
       t5x_models.EncoderDecoderModel.__init__(
           self, module=module, input_vocabulary=input_vocabulary,
           output_vocabulary=output_vocabulary, optimizer_def=optimizer_def, **kwargs)

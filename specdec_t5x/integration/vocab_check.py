@@ -20,7 +20,7 @@ import functools
 import hashlib
 import json
 import os
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from specdec_t5x.integration import run_dir
 
@@ -37,6 +37,26 @@ def _sha256(path: str, mtime: float, size: int) -> str:
 def file_sha256(path: str) -> str:
   st = os.stat(path)
   return _sha256(os.path.abspath(path), st.st_mtime, st.st_size)
+
+
+def spm_identity(vocab: Any) -> Tuple[Optional[str], int]:
+  """(absolute local path or remote URL of the SentencePiece model, extra ids) of a vocab."""
+  path = getattr(vocab, 'sentencepiece_model_file', None)
+  if path and '://' not in path:
+    path = os.path.abspath(path)
+  return path, int(getattr(vocab, 'extra_ids', 0) or 0)
+
+
+def same_sentencepiece(a: Any, b: Any) -> bool:
+  """Whether two seqio SentencePiece vocabularies are the same model: the same path and
+  extra ids, or local files with the same content (sha256). Reads no remote file."""
+  (path_a, extra_a), (path_b, extra_b) = spm_identity(a), spm_identity(b)
+  if extra_a != extra_b:
+    return False
+  if path_a == path_b:
+    return True
+  return bool(path_a and path_b and os.path.isfile(path_a) and os.path.isfile(path_b)
+              and file_sha256(path_a) == file_sha256(path_b))
 
 
 def record_vocabulary(model_dir: str, spm_path: str, extra_ids: int = 0) -> str:

@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 import numpy as np
 
 from specdec_t5x.algorithm import api, batching
+from specdec_t5x.algorithm import stats as stats_lib
 from specdec_t5x.integration import metrics
 from specdec_t5x.research import evaluation, harness
 
@@ -26,7 +27,7 @@ def load_task(task: str, num: int, input_len: int = 128) -> Tuple[np.ndarray, Li
   import sentencepiece as spm  # pylint: disable=g-import-not-at-top
   examples = evaluation.load_examples(task, num, max_input_len=input_len)
   sp = spm.SentencePieceProcessor(model_file=evaluation.DEMO_VOCAB)
-  return (evaluation.pad_batch([e.inputs for e in examples], input_len),
+  return (batching.pad_batch([e.inputs for e in examples], input_len, input_len),
           [e.reference for e in examples], sp)
 
 
@@ -62,10 +63,10 @@ def row_totals(outs: Sequence[Any]) -> Tuple[np.ndarray, Dict[str, int]]:
 def rates(stats: Dict[str, int]) -> Dict[str, Any]:
   """alpha = accepted / drafted (None when nothing was drafted), tokens per target call
   and drafts per target call."""
-  drafted = stats['drafted_tokens']
-  return {'alpha': stats['accepted_tokens'] / drafted if drafted else None,
-          'tokens_per_call': stats['generated_tokens'] / stats['target_calls'],
-          'drafts_per_step': drafted / stats['target_calls']}
+  s = stats_lib.summarize(stats)
+  return {'alpha_empirical': s['alpha_empirical'],
+          'mean_tokens_per_target_call': s['mean_tokens_per_target_call'],
+          'drafts_per_step': s['drafted_tokens'] / s['target_calls']}
 
 
 def row_results(timings: Any, base: str = 'AR') -> Dict[str, Dict[str, Any]]:
@@ -95,7 +96,7 @@ def throughput_table(rows: Sequence[Dict[str, Any]]) -> List[str]:
       ['batch', 'method', 'tokens/s', 'speedup vs AR', 'alpha', 'tokens/call',
        'rows == batch-1'],
       [[r['batch'], r['method'], f"{r['tokens_per_s']:.1f}", f"{r['speedup_vs_ar']:.2f}x",
-        harness.fmt(r['alpha']), f"{r['tokens_per_call']:.2f}",
+        harness.fmt(r['alpha_empirical']), f"{r['mean_tokens_per_target_call']:.2f}",
         f"{r['rows_equal_batch1']} ({r['rows_checked']} rows)"] for r in rows], 'rlrrrrl')
 
 

@@ -18,6 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_t5x.algorithm import api, batching, network, sampling, theory, timing
+from specdec_t5x.algorithm import stats as stats_lib
+from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.integration import demo, draft_files, model_dir
 from specdec_t5x.integration.tasks import PREFIXES
 
@@ -70,18 +72,6 @@ def load_examples(task: str, num: Optional[int] = None, vocab_path: str = DEMO_V
   return out
 
 
-def pad_batch(rows: Sequence[np.ndarray], length: Optional[int] = None) -> np.ndarray:
-  """Rows of token ids -> [len(rows), length] int32, zero-padded (length: the longest).
-
-  A store for many rows; the decoding helpers below cut each batch they take from it to
-  its length bucket (batching.trim_batch)."""
-  length = length or max(len(r) for r in rows)
-  out = np.zeros((len(rows), length), np.int32)
-  for i, r in enumerate(rows):
-    out[i, :min(len(r), length)] = r[:length]
-  return out
-
-
 # ------------------------------------------------------------------ alpha
 
 
@@ -94,9 +84,9 @@ def target_outputs(target: ModelAndParams, enc: np.ndarray, cfg: sampling.Sampli
     chunk = batching.trim_batch(enc[start:start + batch])
     n = len(chunk)
     chunk = np.concatenate([chunk, np.repeat(chunk[:1], batch - n, 0)]) if n < batch else chunk
-    out = api.generate(target, chunk, temperature=cfg.temperature, topk=cfg.topk,
-                       topp=cfg.topp, max_decode_length=max_len,
-                       rng=jax.random.PRNGKey(seed + start), eos_id=eos_id)
+    out = api.generate(target, chunk, config=DecodeConfig.from_sampling(cfg),
+                       max_decode_length=max_len, rng=jax.random.PRNGKey(seed + start),
+                       eos_id=eos_id)
     lengths = np.asarray(out.stats['generated_tokens'])
     tokens = np.asarray(out.tokens)
     outs += [tokens[i, :lengths[i]] for i in range(n)]
@@ -133,9 +123,9 @@ def betas(target: ModelAndParams, draft: ModelAndParams, enc: np.ndarray,
     rows = list(outputs[start:start + batch])
     n = len(rows)
     rows += [rows[0]] * (batch - n)
-    e = batching.trim_batch(pad_batch(list(enc[start:start + n]) + [enc[start]] * (batch - n),
-                                      enc.shape[1]))
-    d = jnp.asarray(pad_batch(rows, dec_len))
+    e = batching.trim_batch(np.concatenate([enc[start:start + n],
+                                            np.repeat(enc[start:start + 1], batch - n, 0)]))
+    d = jnp.asarray(batching.pad_batch(rows, dec_len, min_len=dec_len))  # [batch, dec_len]
     p = _LOGITS(target[0], target[1], jnp.asarray(e), d)
     q = _LOGITS(draft[0], draft[1], jnp.asarray(e), d)
     b = np.asarray(_BETA(p, q, cfg))
@@ -160,16 +150,15 @@ def alpha_per_position(histogram: Sequence[int]) -> List[Optional[float]]:
 @dataclasses.dataclass
 class Decoder:
   """A batch-1 decode over a list of encoder rows, each at its length bucket
-  (batching.trim_batch), remembering the last run's stats."""
+  (batching.trim_batch), remembering the last run's stats (summed over the rows)."""
   target: ModelAndParams
   draft: Optional[ModelAndParams]
   enc: np.ndarray  # [N, L]
   max_len: int
-  gamma: int = 1
-  cfg: sampling.SamplingConfig = sampling.SamplingConfig()
+  config: DecodeConfig = DecodeConfig(gamma=1)
   seed: int = 0
   eos_id: int = 1
-  stats: Optional[Dict[str, np.ndarray]] = None
+  stats: Optional[stats_lib.DecodeStats] = None
   tokens: Optional[List[np.ndarray]] = None
 
   def __post_init__(self):
@@ -180,13 +169,12 @@ class Decoder:
     outs = []
     for i, row in enumerate(self._rows):
       outs.append(api.generate(
-          self.target, row, draft=self.draft, gamma=self.gamma,
-          temperature=self.cfg.temperature, topk=self.cfg.topk, topp=self.cfg.topp,
+          self.target, row, draft=self.draft, config=self.config,
           max_decode_length=self.max_len, rng=jax.random.PRNGKey(self.seed + i),
           eos_id=self.eos_id))
     timing.block(outs)
-    self.stats = {k: np.sum([np.asarray(o.stats[k]) for o in outs], axis=0)
-                  for k in outs[0].stats}
+    self.stats = jax.tree_util.tree_map(lambda *xs: np.sum([np.asarray(x) for x in xs], axis=0),
+                                        *[o.stats for o in outs])
     self.tokens = [np.asarray(o.tokens[0, :int(o.stats['generated_tokens'][0])])
                    for o in outs]
     return outs
@@ -305,8 +293,9 @@ def sweep(target: ModelAndParams, drafts_: Dict[str, ModelAndParams], enc: np.nd
   theory.best_gamma_measured chooses from alpha and the call costs. `alphas[name]` (e.g.
   the teacher-forced E[sum min(p, q)]) is used for theory when given, else the fit.
   """
-  ar = Decoder(target, None, enc, max_len, 1, cfg, seed, eos_id)
-  decs = {name: {g: Decoder(target, d, enc, max_len, g, cfg, seed, eos_id) for g in gammas}
+  ar = Decoder(target, None, enc, max_len, DecodeConfig.from_sampling(cfg, gamma=1), seed, eos_id)
+  decs = {name: {g: Decoder(target, d, enc, max_len, DecodeConfig.from_sampling(cfg, gamma=g),
+                            seed, eos_id) for g in gammas}
           for name, d in drafts_.items()}
   fns: Dict[str, Any] = {'ar': ar}
   fns.update({f'{name}_g{g}': dec for name, by_g in decs.items() for g, dec in by_g.items()})
@@ -329,9 +318,10 @@ def speculative_stats(target: ModelAndParams, draft: ModelAndParams, enc: np.nda
   total: Dict[str, np.ndarray] = {}
   for start in range(0, len(enc), batch):
     chunk = batching.trim_batch(enc[start:start + batch])
-    out = api.generate(target, chunk, draft=draft, gamma=gamma, temperature=cfg.temperature,
-                       topk=cfg.topk, topp=cfg.topp, max_decode_length=max_len,
-                       rng=jax.random.PRNGKey(seed + start), eos_id=eos_id)
+    out = api.generate(target, chunk, draft=draft,
+                       config=DecodeConfig.from_sampling(cfg, gamma=gamma),
+                       max_decode_length=max_len, rng=jax.random.PRNGKey(seed + start),
+                       eos_id=eos_id)
     for k, v in out.stats.items():  # per-row counters are summed; the histogram is [g+1]
       v = np.asarray(v)
       total[k] = total.get(k, 0) + (v if k == 'accepted_length_histogram' else v.sum(0))
@@ -354,7 +344,7 @@ def demo_speedups(target_name: str, draft_names: Sequence[str], tasks: Sequence[
   examples = {t: load_examples(t, num_examples) for t in tasks}
   groups = []
   for task in tasks:
-    enc = pad_batch([e.inputs for e in examples[task]])  # rows run at their length buckets
+    enc = batching.pad_batch([e.inputs for e in examples[task]])  # rows run at their buckets
     drafts_ = {name: load_model(name, task) for name in draft_names}
     cost = costs(target, drafts_, enc, gammas, cost_calls, cost_repeats, max_len=max_len)
     if progress is not None:
@@ -370,17 +360,6 @@ def demo_speedups(target_name: str, draft_names: Sequence[str], tasks: Sequence[
   return groups
 
 
-def summarize_stats(out) -> Dict[str, Optional[float]]:
-  """Totals over a generate() output's rows: generated tokens, target calls, tokens per
-  call and alpha = accepted / drafted (None when nothing was drafted)."""
-  s = {k: np.asarray(v) for k, v in out.stats.items()}
-  gen, calls = float(s['generated_tokens'].sum()), float(s['target_calls'].sum())
-  drafted = float(s['drafted_tokens'].sum())
-  return {'generated_tokens': gen, 'target_calls': calls,
-          'tokens_per_call': gen / max(calls, 1.0),
-          'alpha': float(s['accepted_tokens'].sum()) / drafted if drafted else None}
-
-
 def batch_throughput(target: ModelAndParams, draft: ModelAndParams, enc: np.ndarray,
                      batches: Sequence[int], gammas: Sequence[int], max_len: int,
                      repeats: int = 2, check_rows: int = 16, eos_id: int = 1,
@@ -389,7 +368,7 @@ def batch_throughput(target: ModelAndParams, draft: ModelAndParams, enc: np.ndar
   for each batch size b; per batch the methods are timed interleaved after compilation.
 
   Each row: batch, method ('ar' / 'spec_g{gamma}'), gamma, median seconds, tokens/s
-  (generated tokens / seconds), speedup_vs_ar at the same batch, summarize_stats, and
+  (generated tokens / seconds), speedup_vs_ar at the same batch, stats_lib.summarize, and
   whether the first `check_rows` rows equal their batch-1 decodes. `report(row)` is
   called as each row is ready.
   """
@@ -410,7 +389,7 @@ def batch_throughput(target: ModelAndParams, draft: ModelAndParams, enc: np.ndar
     med = {m: statistics.median(t) for m, t in timing.median_times(fns, repeats).items()}
     for m, g in methods.items():
       out = fns[m]()
-      st = summarize_stats(out)
+      st = stats_lib.summarize(out.stats)
       tokens, n = np.asarray(out.tokens), min(b, checked)
       row = dict(batch=b, method=m, gamma=g, seconds=med[m],
                  tokens_per_s=st['generated_tokens'] / med[m],
@@ -431,8 +410,9 @@ def batch_throughput(target: ModelAndParams, draft: ModelAndParams, enc: np.ndar
 
 def from_gin(gin_files: Sequence[str], bindings: Sequence[str], num_examples: int,
              search_paths: Sequence[str] = ('.',)) -> Dict[str, Any]:
-  """What an infer run file configures: model (module, draft, gamma, sampling), params,
-  the first `num_examples` encoder inputs [N, L], max_len and eos_id.
+  """What an infer run file configures: model (module, draft, its DecodeConfig as
+  'config', and 'cfg', its sampling part), params, the first `num_examples` encoder
+  inputs [N, <= L] (at their length bucket), max_len and eos_id.
 
   Parses the files as `python -m specdec_t5x.infer` does, but calls a stand-in for
   `infer_script.infer` that returns its gin-bound arguments instead of decoding.
@@ -462,7 +442,7 @@ def from_gin(gin_files: Sequence[str], bindings: Sequence[str], num_examples: in
   model.restore_draft(restore.dtype, seed)
   return {'model': model, 'target': (model.target_module, params),
           'draft': (model.draft_module, model.draft_params) if model.is_speculative else None,
-          'enc': pad_batch([e['inputs'] for e in examples], lengths['inputs']),
+          'enc': batching.pad_batch([e['inputs'] for e in examples], lengths['inputs']),
           'max_len': int(model.max_decode_length or lengths['targets']),
           'eos_id': model.eos_id, 'task': data.mixture_or_task_name,
-          'cfg': sampling.SamplingConfig(model.temperature, model.topk, model.topp)}
+          'config': model.decode_config, 'cfg': model.decode_config.sampling}

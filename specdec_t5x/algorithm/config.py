@@ -1,0 +1,147 @@
+"""One typed decode configuration: sampling, gamma, gamma policy, verifier and lenience.
+
+`DecodeConfig` is validated once, when it is built; `generate`, the decoding loops, the
+T5X model and gin (configs/runs/infer.gin binds its fields) all take it as it is.
+Frozen and hashable: it is a static argument under jit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Optional, Union
+
+from specdec_t5x.algorithm import sampling as sampling_lib
+
+GAMMA_POLICIES = ('fixed', 'confidence', 'running_alpha')
+VERIFIERS = ('token', 'block')
+
+
+@dataclasses.dataclass(frozen=True)
+class GammaPolicy:
+  """How many tokens to draft per step, from information the draft already has (so exact).
+
+  * 'fixed': always gamma (the paper).
+  * 'confidence': draft while the draft's max q of the NEXT position is >= `threshold`
+    (the first draft is always made); at most gamma. When greedy the confidence is
+    max softmax(logits). The stop depends on q only, never on the sampled token, so
+    token-wise verification stays exact.
+  * 'running_alpha': per row and step, the gamma in 1..gamma maximising the paper's
+    (1 - a^(g+1)) / ((1 - a)(g c + 1)) at the row's running acceptance estimate a
+    (accepted / tested drafts, decayed by `decay`; prior 1 of 2), with c = `cost_ratio`.
+  """
+  kind: str = 'fixed'
+  threshold: float = 0.5
+  cost_ratio: float = 0.1
+  decay: float = 0.9
+
+  def __post_init__(self):
+    if self.kind not in GAMMA_POLICIES:
+      raise ValueError(f'gamma_policy must be one of {GAMMA_POLICIES}, got {self.kind!r}.')
+    if not 0.0 <= self.threshold <= 1.0:
+      raise ValueError(f'confidence threshold must be in [0, 1], got {self.threshold}.')
+    if self.cost_ratio < 0:
+      raise ValueError(f'cost_ratio must be >= 0, got {self.cost_ratio}.')
+    if not 0.0 < self.decay <= 1.0:
+      raise ValueError(f'decay must be in (0, 1], got {self.decay}.')
+
+
+def _integer(value: Any) -> Optional[int]:
+  """`value` as an int if it is an integral number (not a bool or str), else None."""
+  if isinstance(value, (bool, str)) or value is None:
+    return None
+  try:
+    return int(value) if int(value) == value else None
+  except (TypeError, ValueError):
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+  """How to decode: every setting of `specdec_t5x.generate` but the inputs and lengths.
+
+  Attributes:
+    temperature: 0 = greedy (argmax); otherwise the sampling temperature of target and
+      draft alike (sampling.SamplingConfig).
+    topk: keep the k most likely tokens (0 = off).
+    topp: keep the nucleus of mass topp (0 = off). At most one of topk / topp.
+    gamma: draft tokens per target call (>= 1), or 'auto': chosen by the T5X model at
+      its first batch from measured call costs (auto_gamma.py); `generate` needs an int.
+    gamma_alpha: the alpha that gamma='auto' plans with (None: a warm-up decode).
+    gamma_policy: a GammaPolicy, or its kind ('fixed', 'confidence', 'running_alpha')
+      with default settings; stored as a GammaPolicy.
+    verifier: 'token' (Algorithm 1) or 'block' (block verification, Sun et al. 2025).
+    lenience: l in (0, 1]; l < 1 is the paper's LOSSY relaxation (token verifier only).
+  """
+  temperature: float = 0.0
+  topk: int = 0
+  topp: float = 0.0
+  gamma: Union[int, str] = 4
+  gamma_alpha: Optional[float] = None
+  gamma_policy: Union[str, GammaPolicy] = 'fixed'
+  verifier: str = 'token'
+  lenience: float = 1.0
+
+  def __post_init__(self):
+    set_ = lambda name, value: object.__setattr__(self, name, value)
+    cfg = sampling_lib.SamplingConfig(float(self.temperature), int(self.topk), float(self.topp))
+    set_('temperature', cfg.temperature)
+    set_('topk', cfg.topk)
+    set_('topp', cfg.topp)
+    if self.gamma != 'auto':
+      gamma = _integer(self.gamma)
+      if gamma is None or gamma < 1:
+        raise ValueError(f"gamma must be >= 1 or 'auto' (an integer: draft tokens per "
+                         f'target call), got {self.gamma!r}.')
+      set_('gamma', gamma)
+    if self.gamma_alpha is not None:
+      set_('gamma_alpha', float(self.gamma_alpha))
+      if not 0.0 <= self.gamma_alpha <= 1.0:
+        raise ValueError(f"gamma_alpha (alpha for gamma='auto') must be in [0, 1], got "
+                         f'{self.gamma_alpha}.')
+    policy = self.gamma_policy
+    if isinstance(policy, str):
+      policy = GammaPolicy(policy)
+    if not isinstance(policy, GammaPolicy):
+      raise ValueError(f'gamma_policy must be a str or GammaPolicy, got {policy!r}.')
+    set_('gamma_policy', policy)
+    set_('lenience', float(self.lenience))
+    if not 0.0 < self.lenience <= 1.0:
+      raise ValueError(f'lenience must be in (0, 1], got {self.lenience}.')
+    if self.verifier not in VERIFIERS:
+      raise ValueError(f"verifier must be 'token' or 'block', got {self.verifier!r}.")
+    if self.verifier == 'block' and self.lenience != 1.0:
+      raise ValueError('lenience < 1 is defined for the token-wise verifier only.')
+    if policy.kind == 'confidence' and self.verifier == 'block':
+      raise ValueError("gamma_policy='confidence' is verified token-wise only: block "
+                       'verification assumes draft lengths fixed before drafting.')
+
+  @classmethod
+  def from_sampling(cls, cfg: sampling_lib.SamplingConfig, **fields: Any) -> 'DecodeConfig':
+    """A DecodeConfig with `cfg`'s temperature, topk and topp and the given other fields."""
+    return cls(temperature=cfg.temperature, topk=cfg.topk, topp=cfg.topp, **fields)
+
+  @property
+  def sampling(self) -> sampling_lib.SamplingConfig:
+    """How logits become distributions (temperature, top-k, top-p)."""
+    return sampling_lib.SamplingConfig(self.temperature, self.topk, self.topp)
+
+  @property
+  def lossy(self) -> bool:
+    return self.lenience < 1.0
+
+  def replace(self, **fields: Any) -> 'DecodeConfig':
+    """A copy with `fields` changed (validated again)."""
+    return dataclasses.replace(self, **fields)
+
+  def describe(self) -> Dict[str, Any]:
+    """JSON-friendly settings (metrics.json's run settings). gamma_alpha only for
+    gamma='auto' and gamma_policy only when not 'fixed', so runs without them keep
+    the settings they always had."""
+    out: Dict[str, Any] = {'gamma': self.gamma}
+    if self.gamma == 'auto':
+      out['gamma_alpha'] = self.gamma_alpha
+    if self.gamma_policy.kind != 'fixed':
+      out['gamma_policy'] = dataclasses.asdict(self.gamma_policy)
+    out.update(temperature=self.temperature, topk=self.topk, topp=self.topp,
+               lenience=self.lenience, lossy=self.lossy, verifier=self.verifier)
+    return out

@@ -1,0 +1,65 @@
+"""The statistics of one decode, typed, and their summary.
+
+`DecodeStats` is what the decoding loops count and what `generate` returns as `.stats`:
+one set of names from the loop to metrics.json. It is a pytree (flax.struct) and a
+read-only Mapping, so `out.stats['target_calls']`, `dict(out.stats)` and
+`out.stats.items()` work as on a dict.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator, Mapping
+
+import flax.struct
+import jax
+import numpy as np
+
+# Per-row counters: summed over rows and batches they give a run's totals.
+PER_EXAMPLE_STATS = ('target_calls', 'drafted_tokens', 'accepted_tokens', 'generated_tokens')
+
+
+@flax.struct.dataclass
+class DecodeStats(Mapping):
+  """Counters of one decode. Shapes: b = batch, gamma = the static maximum draft length."""
+  target_calls: jax.Array  # [b] int32: target calls while the row was decoding
+  drafted_tokens: jax.Array  # [b] int32: draft tokens proposed to the row's verifier
+  accepted_tokens: jax.Array  # [b] int32: draft tokens accepted
+  generated_tokens: jax.Array  # [b] int32: tokens emitted (EOS included)
+  accepted_length_histogram: jax.Array  # [gamma + 1] int32: steps with 0..gamma accepted
+  draft_length_histogram: jax.Array  # [gamma + 1] int32: steps with 0..gamma drafts verified
+  nonfinite_target_logits: jax.Array  # [b] bool: a target call gave the row NaN/inf logits
+  nonfinite_draft_logits: jax.Array  # [b] bool: a draft call gave the row NaN/inf logits
+
+  def __getitem__(self, key: str) -> jax.Array:
+    if key not in _FIELDS:
+      raise KeyError(key)
+    return getattr(self, key)
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(_FIELDS)
+
+  def __len__(self) -> int:
+    return len(_FIELDS)
+
+
+_FIELDS = tuple(DecodeStats.__dataclass_fields__)
+
+
+def summarize(stats: Mapping[str, Any]) -> Dict[str, Any]:
+  """Run totals of DecodeStats-named counters -> the speculative statistics.
+
+  `stats`: a DecodeStats (per-row arrays are summed over rows) or totals already summed
+  (scalars, as infer keeps them). Returns the four counters as ints, alpha_empirical =
+  accepted / drafted tokens and mean_tokens_per_target_call = generated tokens / target
+  calls (None when the denominator is 0), and the accepted_length_histogram as a list
+  (None when absent).
+  """
+  out: Dict[str, Any] = {k: int(np.sum(np.asarray(stats.get(k, 0)))) for k in PER_EXAMPLE_STATS}
+  out['alpha_empirical'] = (out['accepted_tokens'] / out['drafted_tokens']
+                            if out['drafted_tokens'] else None)
+  out['mean_tokens_per_target_call'] = (out['generated_tokens'] / out['target_calls']
+                                        if out['target_calls'] else None)
+  histogram = stats.get('accepted_length_histogram')
+  out['accepted_length_histogram'] = (None if histogram is None
+                                      else np.asarray(histogram).tolist())
+  return out

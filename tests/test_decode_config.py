@@ -1,0 +1,152 @@
+"""DecodeConfig (one validated decode configuration), DecodeStats (one set of stats names)
+and their use by generate, the T5X-facing model and gin."""
+
+import dataclasses
+
+import gin
+import numpy as np
+import pytest
+
+from conftest import random_inputs
+from specdec_t5x import generate
+from specdec_t5x.algorithm import decoding, stats
+from specdec_t5x.algorithm.config import DecodeConfig, GammaPolicy
+from specdec_t5x.integration import infer, models
+
+DESIGN_KEYS = ('target_calls', 'drafted_tokens', 'accepted_tokens', 'generated_tokens',
+               'accepted_length_histogram')  # DESIGN.md, "Public Python API"
+
+
+@pytest.fixture(autouse=True)
+def _clean_gin():
+  yield
+  gin.clear_config()
+
+
+@pytest.mark.parametrize('kw,pattern', [
+    (dict(gamma=0), r"gamma must be >= 1 or 'auto'"),
+    (dict(gamma=2.5), r"gamma must be >= 1 or 'auto'"),
+    (dict(gamma='sometimes'), r"gamma must be >= 1 or 'auto'"),
+    (dict(gamma=True), r"gamma must be >= 1 or 'auto'"),
+    (dict(temperature=float('nan')), 'temperature must be a finite number >= 0'),
+    (dict(topk=-1), 'topk must be >= 0'),
+    (dict(topk=3, topp=0.9, temperature=1.0), 'at most one of topk'),
+    (dict(gamma='auto', gamma_alpha=1.5), r'gamma_alpha .* must be in \[0, 1\]'),
+    (dict(lenience=0.0), r'lenience must be in \(0, 1\]'),
+    (dict(verifier='tree'), "verifier must be 'token' or 'block'"),
+    (dict(verifier='block', lenience=0.5), 'token-wise verifier only'),
+    (dict(gamma_policy='sometimes'), 'gamma_policy must be one of'),
+    (dict(gamma_policy=3), 'gamma_policy must be a str or GammaPolicy'),
+    (dict(gamma_policy='confidence', verifier='block'), 'verified token-wise only'),
+])
+def test_bad_settings_raise_when_built(kw, pattern):
+  with pytest.raises(ValueError, match=pattern):
+    DecodeConfig(**kw)
+
+
+def test_fields_are_normalised_and_hashable():
+  config = DecodeConfig(temperature=1, topk=3.0, gamma=5.0, gamma_policy='running_alpha',
+                        lenience=1)
+  assert (config.temperature, config.topk, config.gamma, config.lenience) == (1.0, 3, 5, 1.0)
+  assert config.gamma_policy == GammaPolicy('running_alpha')
+  assert config == DecodeConfig(temperature=1.0, topk=3, gamma=5,
+                                gamma_policy=GammaPolicy('running_alpha'))
+  assert hash(config) == hash(config.replace())
+  assert config.sampling.temperature == 1.0 and config.sampling.topk == 3
+  assert DecodeConfig(gamma='auto').gamma == 'auto'
+  assert decoding.GammaPolicy is GammaPolicy  # the old import path still works
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    config.gamma = 3
+
+
+def test_describe_adds_new_settings_only_when_used():
+  assert DecodeConfig(gamma=3).describe() == {
+      'gamma': 3, 'temperature': 0.0, 'topk': 0, 'topp': 0.0, 'lenience': 1.0,
+      'lossy': False, 'verifier': 'token'}
+  d = DecodeConfig(gamma='auto', gamma_alpha=0.4,
+                   gamma_policy=GammaPolicy('confidence', threshold=0.3)).describe()
+  assert d['gamma_alpha'] == 0.4 and d['gamma_policy']['kind'] == 'confidence'
+  assert d['gamma_policy']['threshold'] == 0.3
+
+
+def test_generate_takes_a_config_or_the_settings(target_and_draft):
+  target, draft = target_and_draft
+  enc = random_inputs(3, 9, 40, seed=4)
+  kw = dict(gamma=3, temperature=1.0, topk=5, gamma_policy='running_alpha')
+  a = generate(target, enc, draft=draft, max_decode_length=8, **kw)
+  b = generate(target, enc, draft=draft, max_decode_length=8, config=DecodeConfig(**kw))
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  for k in a.stats:
+    np.testing.assert_array_equal(a.stats[k], b.stats[k], err_msg=k)
+  with pytest.raises(ValueError, match=r"not both \(also given: \['gamma'\]\)"):
+    generate(target, enc, draft=draft, max_decode_length=8, gamma=2, config=DecodeConfig())
+  with pytest.raises(ValueError, match="generate needs an integer gamma"):
+    generate(target, enc, draft=draft, max_decode_length=8, config=DecodeConfig(gamma='auto'))
+
+
+def test_stats_are_typed_and_read_as_a_mapping(target_and_draft):
+  target, draft = target_and_draft
+  enc = random_inputs(3, 9, 40, seed=6)
+  out = generate(target, enc, draft=draft, gamma=3, max_decode_length=8)
+  assert isinstance(out.stats, stats.DecodeStats)
+  assert set(DESIGN_KEYS) <= set(out.stats) and 'histogram' not in out.stats
+  assert np.asarray(out.stats['target_calls']).shape == (3,)
+  assert np.asarray(out.stats['accepted_length_histogram']).shape == (4,)
+  assert out.stats['generated_tokens'] is out.stats.generated_tokens
+  assert set(dict(out.stats)) == set(out.stats.keys()) and len(out.stats) == 8
+  with pytest.raises(KeyError):
+    out.stats['histogram']  # pylint: disable=pointless-statement
+  # The histogram counts one entry per step of each decoding row: its sum is the calls.
+  assert int(np.sum(out.stats['accepted_length_histogram'])) == int(
+      np.sum(out.stats['target_calls']))
+
+
+def test_summarize_one_function_for_outputs_and_totals(target_and_draft):
+  target, draft = target_and_draft
+  out = generate(target, random_inputs(3, 9, 40, seed=7), draft=draft, gamma=2,
+                 max_decode_length=8)
+  s = stats.summarize(out.stats)
+  raw = {k: int(np.sum(out.stats[k])) for k in stats.PER_EXAMPLE_STATS}
+  assert {k: s[k] for k in raw} == raw
+  assert s['alpha_empirical'] == raw['accepted_tokens'] / raw['drafted_tokens']
+  assert s['mean_tokens_per_target_call'] == raw['generated_tokens'] / raw['target_calls']
+  assert s['accepted_length_histogram'] == np.asarray(
+      out.stats['accepted_length_histogram']).tolist()
+  # Totals kept as plain numbers (as infer keeps them) summarise to the same.
+  totals = dict(raw, accepted_length_histogram=s['accepted_length_histogram'])
+  assert stats.summarize(totals) == s
+  assert models.summarize_stats is stats.summarize
+  assert stats.summarize({})['alpha_empirical'] is None
+
+
+def test_model_takes_one_config_and_keyword_overrides(target_and_draft):
+  (t_module, _), (d_module, d_params) = target_and_draft
+  config = DecodeConfig(gamma=5, temperature=1.0, gamma_policy='confidence')
+  model = models.StandaloneSpeculativeModel(t_module, draft_module=d_module,
+                                            draft_params=d_params, decode_config=config)
+  assert model.decode_config is config and model.gamma == 5 and model.temperature == 1.0
+  overridden = models.StandaloneSpeculativeModel(
+      t_module, draft_module=d_module, draft_params=d_params, decode_config=config, gamma=2)
+  assert overridden.decode_config == config.replace(gamma=2)
+  assert models.StandaloneSpeculativeModel(t_module).decode_config == DecodeConfig()
+  with pytest.raises(ValueError, match="verifier must be 'token' or 'block'"):
+    models.StandaloneSpeculativeModel(t_module, verifier='tree')
+
+
+def _model(*bindings):
+  configured = infer.parse_gin(['configs/spec_tiny_test.gin'],
+                               ["INFER_OUTPUT_DIR = '/tmp/unused'", *bindings])
+  return gin.get_bindings(configured, resolve_references=True)['model']
+
+
+def test_every_field_is_bindable_from_gin():
+  model = _model()
+  assert model.decode_config == DecodeConfig(gamma=4)
+  model = _model("GAMMA_POLICY = 'running_alpha'", 'TOPK = 3', 'TEMPERATURE = 0.5')
+  assert model.decode_config.gamma_policy == GammaPolicy('running_alpha')
+  assert (model.topk, model.temperature) == (3, 0.5)
+  model = _model("config.GammaPolicy.kind = 'confidence'", 'config.GammaPolicy.threshold = 0.3',
+                 'config.DecodeConfig.gamma_alpha = 0.25', "GAMMA = 'auto'")
+  assert model.decode_config.gamma_policy == GammaPolicy('confidence', threshold=0.3)
+  assert model.decode_config.gamma_alpha == 0.25 and model.gamma_setting == 'auto'
+  assert model.describe()['gamma_policy']['threshold'] == 0.3
