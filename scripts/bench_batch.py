@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-from specdec_t5x.research import demo_data, evaluation, harness
+from specdec_t5x.research import demo_data, evaluation, harness, speed
 
 COST_MODEL = (
     'A speculative step costs gamma draft calls plus one target call over gamma + 1 '
@@ -41,7 +41,7 @@ def main(argv=None):
   batches = harness.ints(args.batches)
   target, draft = evaluation.load_model('demo_target'), evaluation.load_model('demo_draft_m')
   enc, _, _ = demo_data.load_task(args.task, max(batches))
-  rows = evaluation.batch_throughput(target, draft, enc, batches, harness.ints(args.gammas),
+  rows = speed.batch_throughput(target, draft, enc, batches, harness.ints(args.gammas),
                                      args.max_len, args.repeats,
                                      report=lambda row: print(json.dumps(row), flush=True))
   report = harness.Report(__file__, args, argv)

@@ -30,7 +30,7 @@ import numpy as np
 
 from specdec_t5x.algorithm import api, timing
 from specdec_t5x.algorithm.network import Transformer, t5_1_1_config
-from specdec_t5x.research import evaluation, harness, reference, t5x_reference
+from specdec_t5x.research import harness, reference, speed, t5x_reference
 
 BASELINES = {'t5x': 'stock T5X predict_batch (temperature_sample, T5X network)',
              'reference_t5x_style': 'T5X-style loop (reference.py)'}
@@ -66,7 +66,7 @@ def main(argv=None):
                     jnp.int32)
   target, draft = (t_mod, t_params), (d_mod, d_params)
 
-  per_draft = evaluation.costs(target, {'self': target, 'draft': draft}, np.asarray(enc), gammas,
+  per_draft = speed.costs(target, {'self': target, 'draft': draft}, np.asarray(enc), gammas,
                                num_calls=16, repeats=args.repeats, max_len=args.max_len)
   costs = {k: v for k, v in per_draft.items() if not k.endswith('_self')}
   costs['t_draft_step'] = costs.pop('t_draft_step_draft')
@@ -107,7 +107,7 @@ def main(argv=None):
       tpc = float(np.sum(stats['generated_tokens'])) / calls
       ideal = tpc * costs['t_target_step'] / (g * t_draft + costs[f't_verify_{g + 1}'])
       measured = med['ar'] / med[f'spec_{kind}_g{g}']
-      e2e = evaluation.ideal_end_to_end(1, ar_calls, float(np.max(stats['target_calls'])), g,
+      e2e = speed.ideal_end_to_end(1, ar_calls, float(np.max(stats['target_calls'])), g,
                                         per_draft, kind)
       rows.append({'draft': args.target if kind == 'self' else args.draft, 'gamma': g,
                    'alpha_empirical': float(np.sum(stats['accepted_tokens']) /

@@ -25,7 +25,7 @@ import transformers
 from specdec_t5x.algorithm import batching
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.integration.hf_convert import hf_model_from_params
-from specdec_t5x.research import evaluation, harness
+from specdec_t5x.research import evaluation, harness, speed
 
 
 def to_hf(config, params) -> transformers.T5ForConditionalGeneration:
@@ -100,7 +100,7 @@ def main(argv=None):
     assistant.generation_config.assistant_confidence_threshold = 0.0  # always gamma drafts
   examples = evaluation.load_examples(args.task, args.num_examples)
   inputs = [e.inputs for e in examples]
-  enc = batching.pad_batch(inputs)  # evaluation.Decoder runs each row at its length bucket
+  enc = batching.pad_batch(inputs)  # speed.Decoder runs each row at its length bucket
   check = {name: logits_check(m[0], m[1], hf, inputs[0], examples[0].targets)
            for name, m, hf in (('target', target, hf_t), ('draft', draft, hf_d))}
   print('relative max |logit difference| ours vs HF:', check, file=sys.stderr)
@@ -111,12 +111,12 @@ def main(argv=None):
   fns = {
       'hf_greedy': HFRunner(hf_t, inputs, args.max_len, False),
       'hf_assisted_greedy': HFRunner(hf_t, inputs, args.max_len, False, hf_d),
-      'ours_ar_greedy': evaluation.Decoder(target, None, enc, args.max_len, greedy),
-      'ours_spec_greedy': evaluation.Decoder(target, draft, enc, args.max_len, greedy),
+      'ours_ar_greedy': speed.Decoder(target, None, enc, args.max_len, greedy),
+      'ours_spec_greedy': speed.Decoder(target, draft, enc, args.max_len, greedy),
       'hf_sample': HFRunner(hf_t, inputs, args.max_len, True),
       'hf_assisted_sample': HFRunner(hf_t, inputs, args.max_len, True, hf_d),
-      'ours_ar_sample': evaluation.Decoder(target, None, enc, args.max_len, sample),
-      'ours_spec_sample': evaluation.Decoder(target, draft, enc, args.max_len, sample),
+      'ours_ar_sample': speed.Decoder(target, None, enc, args.max_len, sample),
+      'ours_spec_sample': speed.Decoder(target, draft, enc, args.max_len, sample),
   }
   # Each HF runner hooks hf_t; only the running one counts (its _counting flag).
   timings = harness.interleaved(fns, args.repeats)

@@ -23,12 +23,12 @@ a run cut short keeps what it measured. Parts (--parts):
 3. efficiency: speculative decoding at the real shapes, greedy, --num_examples random
    inputs one at a time, --max_len tokens: small draft + XXL target (alpha ~ 0) and
    draft == target (alpha 1), measured walltime speedup over our AR vs the ideal from the
-   measured tokens per call and call costs (evaluation.sweep; the goal is efficiency
+   measured tokens per call and call costs (speed.sweep; the goal is efficiency
    >= 0.95); our AR vs stock T5X (EncoderDecoderModel.predict_batch, temperature_sample,
    T5X's own network, t5x_reference.py) on the same params when T5X is importable.
 4. demo: the demo family (float32): the Table 2 analogue with real alpha at batch 1
-   (evaluation.demo_speedups) and speculative vs AR greedy throughput at --batch_sizes
-   (evaluation.batch_throughput).
+   (speed.demo_speedups) and speculative vs AR greedy throughput at --batch_sizes
+   (speed.batch_throughput).
 
 Time estimate for the default run on one H200 (what dominates is XLA compilation, one
 program per distinct shape, so the run keeps the number of shapes small):
@@ -59,7 +59,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_t5x.algorithm import api, batching, network, sampling, theory, timing
-from specdec_t5x.research import (demo_data, device_tables, evaluation, harness, paper,
+from specdec_t5x.research import (demo_data, device_tables, evaluation, harness, paper, speed,
                                   t5x_reference)
 
 PARTS = ('costs', 'table2', 'efficiency', 'demo')
@@ -174,7 +174,7 @@ def part_costs(args, models, enc) -> Dict[str, Any]:
 
 
 def step_costs(costs: Dict[str, Any], draft: str, name: str) -> Dict[str, float]:
-  """The measured costs in evaluation.costs' keys, for `draft` (a size) named `name`."""
+  """The measured costs in speed.costs' keys, for `draft` (a size) named `name`."""
   t, d = costs['sizes'][costs['target']], costs['sizes'][draft]
   out = {'t_target_step': t['call_s'][1], 't_prefill_target': t['prefill_s'],
          f't_draft_step_{name}': d['call_s'][1], f't_prefill_draft_{name}': d['prefill_s']}
@@ -229,7 +229,7 @@ def part_efficiency(args, models, costs) -> Dict[str, Any]:
     small = min(costs['pairs'], key=lambda s: costs['sizes'][s]['num_params'])
     cost.update(step_costs(costs, small, small))
     drafts = {small: (models[small][1], models[small][2]), **drafts}
-  res = evaluation.sweep(target, drafts, enc, args.max_len, harness.ints(args.gammas),
+  res = speed.sweep(target, drafts, enc, args.max_len, harness.ints(args.gammas),
                          sampling.SamplingConfig(0.0), cost, args.repeats, eos_id=-1)
   res['draft_sizes'] = {name: args.target if name == 'self' else name for name in drafts}
   fns = {'ar': lambda: api.generate(target, enc[:1], max_decode_length=args.max_len,
@@ -254,7 +254,7 @@ def part_efficiency(args, models, costs) -> Dict[str, Any]:
 
 
 def part_demo(args) -> Dict[str, Any]:
-  groups = evaluation.demo_speedups(
+  groups = speed.demo_speedups(
       'demo_target', args.demo_drafts.split(','), args.demo_tasks.split(','),
       [float(t) for t in args.demo_temperatures.split(',')], harness.ints(args.demo_gammas),
       args.demo_examples, args.demo_max_len, args.repeats, args.cost_calls,
@@ -264,7 +264,7 @@ def part_demo(args) -> Dict[str, Any]:
   examples = evaluation.load_examples(task, max(batches))
   enc = batching.pad_batch([e.inputs for e in examples])  # batches run at their buckets
   draft = evaluation.load_model(args.demo_drafts.split(',')[0], task)
-  batch_rows = evaluation.batch_throughput(
+  batch_rows = speed.batch_throughput(
       evaluation.load_model('demo_target'), draft, enc, batches, [args.batch_gamma],
       args.demo_max_len, args.repeats)
   return {'table2': groups, 'batch': {'task': task, 'draft': args.demo_drafts.split(',')[0],

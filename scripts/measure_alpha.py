@@ -21,7 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 from specdec_t5x.algorithm import batching, sampling
-from specdec_t5x.research import evaluation, harness
+from specdec_t5x.research import evaluation, harness, speed
 
 
 def measure(args) -> dict:
@@ -52,7 +52,7 @@ def measure(args) -> dict:
     for name in args.drafts.split(','):
       draft = evaluation.load_model(name, task)
       beta = evaluation.betas(target, draft, rows, outputs, cfg, args.batch)[:args.num_tokens]
-      stats = evaluation.speculative_stats(target, draft, spec_enc, cfg, args.gamma,
+      stats = speed.speculative_stats(target, draft, spec_enc, cfg, args.gamma,
                                            args.max_len, seed=args.seed)
       hist, edges = np.histogram(beta, bins=args.bins, range=(0.0, 1.0))
       cells.append({

@@ -26,14 +26,14 @@ from typing import List
 from tqdm import tqdm
 
 from specdec_t5x.integration import infer
-from specdec_t5x.research import demo_data, evaluation, harness
+from specdec_t5x.research import demo_data, evaluation, harness, speed
 
 
 def run_demo(args, gammas):
   alpha_cells = demo_data.alpha_cells(args.alpha_json)
   tasks = args.tasks.split(',')
   with tqdm(total=len(tasks) * (1 + len(args.temperatures)), desc='speedup', unit='step') as bar:
-    return evaluation.demo_speedups(
+    return speed.demo_speedups(
         args.target, args.drafts.split(','), tasks, args.temperatures, gammas,
         args.num_examples, args.max_len, args.repeats, args.cost_calls, args.cost_repeats,
         args.seed, alpha_cells, progress=bar)
@@ -47,10 +47,10 @@ def run_gin(args, gammas):
   drafts = {str(name).rstrip('/').split('/')[-2] if '/' in str(name) else str(name): run['draft']}
   gammas = gammas or [run['model'].gamma]
   bar = tqdm(total=2, desc='speedup', unit='step')
-  cost = evaluation.costs(run['target'], drafts, run['enc'], gammas, args.cost_calls,
+  cost = speed.costs(run['target'], drafts, run['enc'], gammas, args.cost_calls,
                          args.cost_repeats, max_len=run['max_len'])
   bar.update(1)
-  res = evaluation.sweep(run['target'], drafts, run['enc'], run['max_len'], gammas, run['cfg'],
+  res = speed.sweep(run['target'], drafts, run['enc'], run['max_len'], gammas, run['cfg'],
                          cost, args.repeats, args.seed, run['eos_id'])
   bar.update(1)
   bar.close()

@@ -23,7 +23,7 @@ ROW_MACROS = {'DRAFT_CONFIG', 'DRAFT_CHECKPOINT', 'GAMMA', 'TEMPERATURE'}
 # Leviathan et al. (2023), Table 2 (specdec_t5x.paper): file -> (task, draft, temperature, gamma).
 TABLE_2 = {r.config: (r.task, r.draft, r.temperature, r.gamma) for r in paper.TABLE_2}
 TASKS = {'EnDe': tasks.WMT_ENDE, 'CNNDM': tasks.CNN_DAILYMAIL}
-# (emb_dim, num_heads, layers, mlp_dim, head_dim, activations, tied logits), DESIGN.md / T5.
+# (emb_dim, num_heads, layers, mlp_dim, head_dim, activations, tied logits), T5X's size files / T5.
 T5_1_1 = network.T5_1_1_SIZES  # checked against T5X's own size files in test_finetune_configs
 T5_1_0 = {'small': (512, 8, 6, 2048, 64), 'base': (768, 12, 12, 3072, 64),
           'large': (1024, 16, 24, 4096, 64), '3B': (1024, 32, 24, 16384, 128),

@@ -14,7 +14,7 @@ from specdec_t5x.algorithm.config import DecodeConfig, GammaPolicy
 from specdec_t5x.integration import infer, models
 
 DESIGN_KEYS = ('target_calls', 'drafted_tokens', 'accepted_tokens', 'generated_tokens',
-               'accepted_length_histogram')  # DESIGN.md, "Public Python API"
+               'accepted_length_histogram')  # ARCHITECTURE.md, "Public paths"
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import make_model, random_inputs, tiny_config
 from specdec_t5x.algorithm import sampling, theory, timing
-from specdec_t5x.research import evaluation
+from specdec_t5x.research import evaluation, speed
 from test_infer import _flags, env  # pylint: disable=unused-import  (tiny ckpts, mock WMT)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -81,7 +81,7 @@ def test_alpha_fit_inverts_expected_tokens(alpha, gamma):
 
 def test_speculative_stats_self_draft_accepts_everything(models):
   target, _, enc = models
-  stats = evaluation.speculative_stats(target, target, enc, sampling.SamplingConfig(0.0), 3, 8)
+  stats = speed.speculative_stats(target, target, enc, sampling.SamplingConfig(0.0), 3, 8)
   assert stats['accepted_tokens'] == stats['drafted_tokens'] > 0
   assert evaluation.alpha_per_position(stats['accepted_length_histogram'])[0] == 1.0
 
@@ -90,7 +90,7 @@ def test_sweep_rows(models):
   target, draft, enc = models
   cost = {'t_target_step': 1e-3, 't_draft_step_d': 1e-4, 't_draft_step_self': 1e-3,
           't_verify_2': 1.2e-3, 't_verify_3': 1.3e-3}  # call costs: see the paper-row test
-  res = evaluation.sweep(target, {'d': draft, 'self': target}, enc[:2], 4, [1, 2],
+  res = speed.sweep(target, {'d': draft, 'self': target}, enc[:2], 4, [1, 2],
                          sampling.SamplingConfig(0.0), cost, repeats=1, alphas={'self': 1.0})
   for name, d in res['drafts'].items():
     assert [r['gamma'] for r in d['rows']] == [1, 2]
@@ -105,7 +105,7 @@ def test_sweep_rows(models):
 
 def test_costs_measure_calls_and_prefill_separately(models):
   target, draft, enc = models
-  cost = evaluation.costs(target, {'d': draft}, enc, [2], num_calls=2, repeats=1, max_len=8)
+  cost = speed.costs(target, {'d': draft}, enc, [2], num_calls=2, repeats=1, max_len=8)
   assert set(cost) == {'t_target_step', 't_prefill_target', 't_draft_step_d',
                        't_prefill_draft_d', 't_verify_3'}
   assert all(v > 0 for v in cost.values())
@@ -123,10 +123,10 @@ def test_ideal_end_to_end_counts_prefill():
           't_draft_step_d': 0.1, 't_verify_3': 1.5}
   # 2 sequences, AR 20 calls, speculative 8 calls of gamma 2:
   want = (2 * 5.0 + 20 * 1.0) / (2 * 6.0 + 8 * (2 * 0.1 + 1.5))
-  assert evaluation.ideal_end_to_end(2, 20, 8, 2, cost, 'd') == pytest.approx(want)
+  assert speed.ideal_end_to_end(2, 20, 8, 2, cost, 'd') == pytest.approx(want)
   no_prefill = dict(cost, t_prefill_target=0.0, t_prefill_draft_d=0.0)
   # Without prefill it is the paper's ideal: tokens/call * t_t / (g t_d + t_v).
-  assert evaluation.ideal_end_to_end(2, 20, 8, 2, no_prefill, 'd') == pytest.approx(
+  assert speed.ideal_end_to_end(2, 20, 8, 2, no_prefill, 'd') == pytest.approx(
       (20 / 8) * 1.0 / (2 * 0.1 + 1.5))
 
 

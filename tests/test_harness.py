@@ -139,8 +139,9 @@ def test_alpha_cells(tmp_path):
 
 
 def test_throughput_table():
-  rows = [dict(batch=1, method='ar', tokens_per_s=10.0, speedup_vs_ar=1.0, alpha=None,
-               tokens_per_call=1.0, rows_equal_batch1=True, rows_checked=1)]
+  rows = [dict(batch=1, method='ar', tokens_per_s=10.0, speedup_vs_ar=1.0,
+               alpha_empirical=None, mean_tokens_per_target_call=1.0,
+               rows_equal_batch1=True, rows_checked=1)]
   assert demo_data.throughput_table(rows)[2] == (
       '| 1 | ar | 10.0 | 1.00x | - | 1.00 | True (1 rows) |')
 

@@ -1,4 +1,4 @@
-"""`generate`: the public entry point (shared/DESIGN.md, "Public Python API").
+"""`generate`: the public entry point (ARCHITECTURE.md, "Public paths").
 
 Binds Flax modules and params into the callbacks that decoding.py loops over, and
 compiles the whole generation (encoders, caches, loop) into one jitted call.

@@ -1,7 +1,7 @@
 """gamma='auto': the draft length that theory picks from call costs measured on this machine.
 
 The best gamma depends on alpha and on what a draft call and a verify call cost here
-(shared/PAPER.md, Section 3.3; theory.best_gamma_measured), and those costs differ
+(the paper, Section 3.3; theory.best_gamma_measured), and those costs differ
 between a laptop, a 2-core VM and an accelerator. With gamma='auto' the model, at its
 first batch, times one draft call, one target call and target calls over gamma + 1
 positions for a few gammas (timing.call_costs: compiled first, repeats interleaved),

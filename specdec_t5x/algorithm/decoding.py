@@ -9,7 +9,7 @@ index 0 (decoder position -1), BOS (0) at index 1 (position 0), then the generat
 y_0, y_1, ... from index 2. The decoder input at position t is seq[t + 1]. A row with n
 generated tokens feeds seq[n + 1] (= y_{n-1}, or BOS) at position n next.
 
-Speculative step (Algorithm 1 of shared/PAPER.md), per row with n tokens so far:
+Speculative step (Algorithm 1 of Leviathan et al., ICML 2023), per row with n tokens so far:
   draft:  single-token calls give q_1..q_g; x_i ~ q_i. When the previous block was fully
           accepted, its last draft x_g was never fed to the draft, so the first call takes
           2 tokens (seq[n], seq[n+1]) at positions (n-1, n) instead (a lax.cond).

@@ -327,7 +327,7 @@ class Decoder(nn.Module):
     return self._logits(x, True), dict(cache, layers=new_layers)
 
 
-# T5 v1.1 sizes (shared/DESIGN.md): emb_dim, num_heads, layers (each stack), mlp_dim.
+# T5 v1.1 sizes (T5X's t5x/examples/t5/t5_1_1/*.gin): emb_dim, num_heads, layers (each stack), mlp_dim.
 T5_1_1_SIZES = {
     'small': (512, 6, 8, 1024), 'base': (768, 12, 12, 2048), 'large': (1024, 16, 24, 2816),
     'xl': (2048, 32, 24, 5120), 'xxl': (4096, 64, 24, 10240),

@@ -1,6 +1,6 @@
 """Logits -> standardised distributions, and the accept / residual / bonus rule.
 
-Target and draft must be standardised identically (shared/PAPER.md): temperature 0 means
+Target and draft must be standardised identically (the paper's "standardized sampling"): temperature 0 means
 argmax (a one-hot distribution), otherwise logits / temperature, optionally restricted to
 the top-k tokens or the top-p nucleus. Everything here works in float32, whatever dtype
 the models run in.

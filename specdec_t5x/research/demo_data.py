@@ -91,7 +91,7 @@ def alpha_cells(path: str) -> List[Dict[str, Any]]:
 
 
 def throughput_table(rows: Sequence[Dict[str, Any]]) -> List[str]:
-  """Markdown table of evaluation.batch_throughput's rows."""
+  """Markdown table of speed.batch_throughput's rows."""
   return harness.table(
       ['batch', 'method', 'tokens/s', 'speedup vs AR', 'alpha', 'tokens/call',
        'rows == batch-1'],
