@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import make_model, random_inputs, tiny_config
+from specdec_t5x.integration import infer_output
 from specdec_t5x.research import demo_data, harness
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -90,19 +91,19 @@ def test_report_command_defaults_to_sys_argv(monkeypatch, tmp_path):
   assert report.command == 'python scripts/y.py --repeats 3' and 'args' not in report.data
 
 
-class _Pieces:
-  """A stand-in SentencePiece model: piece i is the letter chr(96 + i)."""
-
-  def get_piece_size(self):
-    return 5
+class _Letters:
+  """A stand-in vocabulary: id i is the letter chr(96 + i); ids past 5 decode as '?'
+  (as seqio's SentencePieceVocabulary maps them to unk)."""
 
   def decode(self, ids):
-    return ''.join(chr(96 + i) for i in ids)
+    return ''.join(chr(96 + i) if i < 5 else '?' for i in ids)
 
 
-def test_texts_cut_at_eos_and_drop_special_and_padding_ids():
-  assert demo_data.texts(_Pieces(), [[2, 3, 7, 4, 1, 2, 2], [0, 2, 1], [4, 4]]) == [
-      'bcd', 'b', 'dd']
+def test_texts_cut_at_eos_and_drop_padding_as_the_runner_writes():
+  rows = [[2, 3, 7, 4, 1, 2, 2], [0, 2, 1], [4, 4]]
+  assert demo_data.texts(_Letters(), rows) == ['bc?d', 'b', 'dd']
+  assert demo_data.texts(_Letters(), rows) == [
+      infer_output.decode_text(_Letters(), np.asarray(r), 1) for r in rows]
 
 
 def test_row_totals_rates_and_results():

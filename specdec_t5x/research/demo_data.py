@@ -12,34 +12,29 @@ import os
 from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
+import seqio
 
 from specdec_t5x.algorithm import api, batching
 from specdec_t5x.algorithm import stats as stats_lib
-from specdec_t5x.integration import metrics
+from specdec_t5x.integration import infer_output, metrics
 from specdec_t5x.research import evaluation, harness
 
 STAT_KEYS = ('generated_tokens', 'target_calls', 'drafted_tokens', 'accepted_tokens')
 
 
 def load_task(task: str, num: int, input_len: int = 128) -> Tuple[np.ndarray, List[str], Any]:
-  """-> (encoder inputs [num, input_len] int32, reference strings, the SentencePiece model)
-  of the first `num` rows of the demo test sample of `task`."""
-  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  """-> (encoder inputs [num, input_len] int32, reference strings, the demo vocabulary as
+  seqio.SentencePieceVocabulary) of the first `num` rows of the demo test sample of `task`."""
   examples = evaluation.load_examples(task, num, max_input_len=input_len)
-  sp = spm.SentencePieceProcessor(model_file=evaluation.DEMO_VOCAB)
+  vocab = seqio.SentencePieceVocabulary(evaluation.DEMO_VOCAB)
   return (batching.pad_batch([e.inputs for e in examples], input_len, input_len),
-          [e.reference for e in examples], sp)
+          [e.reference for e in examples], vocab)
 
 
-def texts(sp, tokens: Sequence[Sequence[int]], eos_id: int = 1) -> List[str]:
-  """Decoded rows: each cut at its first EOS; ids <= EOS and ids past the SentencePiece
-  vocabulary (padding of the model's vocabulary) dropped."""
-  out = []
-  for row in tokens:
-    row = [int(t) for t in row]
-    row = row[:row.index(eos_id)] if eos_id in row else row
-    out.append(sp.decode([t for t in row if eos_id < t < sp.get_piece_size()]))
-  return out
+def texts(vocab: Any, tokens: Sequence[Sequence[int]], eos_id: int = 1) -> List[str]:
+  """Decoded rows, exactly as the runner writes its predictions (infer_output.decode_text:
+  each row cut at its first EOS, padding dropped)."""
+  return [infer_output.decode_text(vocab, np.asarray(row), eos_id) for row in tokens]
 
 
 def quality(task: str, refs: Sequence[str], preds: Sequence[str]) -> Dict[str, float]:
