@@ -143,7 +143,7 @@ class Report:
   the script adds), {out}.md the Markdown it renders, {out}<suffix>.png its figures.
 
   Args:
-    script_file: the script's __file__ (its name goes into the command).
+    script_file: the script's own path (its name goes into the command).
     args: the parsed flags (recorded; args.out is the output prefix unless `out` is given).
     argv: the flags as given (None: sys.argv[1:]), recorded as the exact command.
     out: the output prefix, if not args.out.
