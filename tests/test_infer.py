@@ -21,6 +21,7 @@ import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from specdec_t5x.integration import checkpoints, infer, models, tasks
+from specdec_t5x.algorithm import stats
 from specdec_t5x.algorithm.network import T5Config, Transformer
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -123,12 +124,12 @@ def test_end_to_end_outputs(env, full_run):
                              'targets_pretokenized': de}
     assert isinstance(row['prediction'], str)
     aux = row['aux']
-    assert set(aux) == set(models.PER_EXAMPLE_STATS)
+    assert set(aux) == set(stats.PER_EXAMPLE_STATS)
     assert 1 <= aux['generated_tokens'] <= 10
     assert aux['accepted_tokens'] <= aux['drafted_tokens'] <= 7 * aux['target_calls']
   assert json.loads((out / 'metrics.json').read_text()) == metrics
   assert set(metrics['metrics']) == {'bleu'}
-  for key in models.PER_EXAMPLE_STATS:
+  for key in stats.PER_EXAMPLE_STATS:
     assert metrics[key] == sum(r['aux'][key] for r in rows)
   assert metrics['alpha_empirical'] == metrics['accepted_tokens'] / metrics['drafted_tokens']
   assert metrics['mean_tokens_per_target_call'] == (
@@ -162,7 +163,7 @@ def test_interrupted_run_resumes_to_the_identical_file(env, full_run):
   metrics = infer.main(_flags(env, out))
   assert (out / OUTPUT).read_bytes() == (full_run[0] / OUTPUT).read_bytes()
   assert metrics['resumed_chunks'] == 1
-  for key in models.PER_EXAMPLE_STATS + ('accepted_length_histogram', 'metrics'):
+  for key in stats.PER_EXAMPLE_STATS + ('accepted_length_histogram', 'metrics'):
     assert metrics[key] == full_run[1][key], key
   assert sorted(os.listdir(out)) == ['config.gin', 'metrics.json', OUTPUT]
 

@@ -19,6 +19,7 @@ import pytest
 
 from specdec_t5x import generate
 from specdec_t5x.integration import checkpoints, models, utils
+from specdec_t5x.algorithm import stats
 from specdec_t5x.algorithm.network import T5Config, Transformer
 
 HAVE_T5X = importlib.util.find_spec('t5x') is not None
@@ -55,7 +56,7 @@ def test_standalone_predict_batch_with_aux_is_generate(weights, speculative):
                  gamma=3, temperature=1.0, max_decode_length=6, rng=rng)
   assert decodes.shape == (2, 6)  # T5X's [batch, max_decode_length]
   np.testing.assert_array_equal(decodes, ref.tokens)
-  assert set(aux) == set(models.PER_EXAMPLE_STATS)
+  assert set(aux) == set(stats.PER_EXAMPLE_STATS)
   for key, value in aux.items():
     assert value.shape == (2,)  # per example, as T5X's infer expects
     np.testing.assert_array_equal(value, ref.stats[key])
@@ -226,7 +227,7 @@ def test_t5x_subclass_predicts_like_generate(weights):  # pragma: no cover - nee
                  max_decode_length=6, rng=rng)
   assert decodes.shape == (2, 6)
   np.testing.assert_array_equal(decodes, ref.tokens)
-  assert set(aux) == set(models.PER_EXAMPLE_STATS)
+  assert set(aux) == set(stats.PER_EXAMPLE_STATS)
   for key, value in aux.items():
     assert value.shape == (2,)
     np.testing.assert_array_equal(value, ref.stats[key])

@@ -11,8 +11,8 @@ from typing import Any, Dict, Mapping, Optional
 import jax
 import numpy as np
 
-from specdec_t5x.algorithm import timing
-from specdec_t5x.integration import models, run_dir
+from specdec_t5x.algorithm import stats, timing
+from specdec_t5x.integration import run_dir
 
 PER_BATCH = 'warm_batch_seconds'  # [[batch index, seconds], ...] of batches not compiling
 
@@ -54,7 +54,7 @@ def task_metrics(task: Any, output_path: str) -> Optional[Dict[str, float]]:
 def run_metrics(task: Any, output_path: str, total: Dict[str, Any],
                 settings: Dict[str, Any], **extra: Any) -> Dict[str, Any]:
   """metrics.json of a finished run: task metrics, timing, acceptance statistics
-  (models.summarize_stats of the summed chunks), settings, git revision and devices."""
+  (stats.summarize of the summed chunks), settings, git revision and devices."""
   devices = jax.devices()
   seconds, warm_seconds = total.get('seconds', 0.0), total.get('warm_seconds', 0.0)
   return {
@@ -63,7 +63,7 @@ def run_metrics(task: Any, output_path: str, total: Dict[str, Any],
       'tokens_per_second': total.get('generated_tokens', 0) / seconds if seconds else None,
       'tokens_per_second_excluding_first_batch': (
           total.get('warm_tokens', 0) / warm_seconds if warm_seconds else None),
-      **models.summarize_stats(total), **settings, 'git_revision': run_dir.git_revision(),
+      **stats.summarize(total), **settings, 'git_revision': run_dir.git_revision(),
       'device_kind': devices[0].device_kind, 'platform': devices[0].platform,
       'num_devices': len(devices),
   }
@@ -82,7 +82,7 @@ def add_baseline(metrics: Dict[str, Any], task: Any, base_path: str,
       'metrics': task_metrics(task, base_path),
       'wall_seconds': base.get('seconds', 0.0), 'warm_seconds': warm,
       'tokens_per_second': base.get('warm_tokens', 0) / warm if warm else None,
-      **models.summarize_stats(base)}
+      **stats.summarize(base)}
   spec_s = {int(b): t for b, t in total.get(PER_BATCH, [])}
   base_s = {int(b): t for b, t in base.get(PER_BATCH, [])}
   paired = sorted(set(spec_s) & set(base_s))

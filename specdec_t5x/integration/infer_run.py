@@ -20,10 +20,10 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
-from specdec_t5x.algorithm import batching
-from specdec_t5x.integration import infer_output, models, run_dir, tasks
+from specdec_t5x.algorithm import batching, stats
+from specdec_t5x.integration import infer_output, run_dir, tasks
 
-COUNTERS = models.PER_EXAMPLE_STATS
+COUNTERS = stats.PER_EXAMPLE_STATS
 PER_BATCH = infer_output.PER_BATCH
 
 

@@ -33,8 +33,6 @@ try:  # T5X is not on PyPI: subclass its model only when it is installed.
 except ImportError:
   t5x_models = None
 
-PER_EXAMPLE_STATS = stats.PER_EXAMPLE_STATS
-summarize_stats = stats.summarize  # what infer writes to metrics.json
 _DECODE_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig))
 _CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(network.T5Config))
 
@@ -242,7 +240,7 @@ class _SpeculativeMixin:
     out = api.generate((self.target_module, params), batch['encoder_input_tokens'],
                        draft=draft, max_decode_length=int(max_len), rng=rng,
                        eos_id=self.eos_id, config=config)
-    aux = {k: out.stats[k] for k in PER_EXAMPLE_STATS}
+    aux = {k: out.stats[k] for k in stats.PER_EXAMPLE_STATS}
     return out.tokens, aux, {'accepted_length_histogram': out.stats['accepted_length_histogram']}
 
   def _choose_gamma(self, params: Any, enc: Any, max_len: int,
@@ -298,20 +296,20 @@ class _SpeculativeMixin:
     run's totals and logs the run's alpha and tokens per target call so far."""
     real = np.asarray(real, bool)
     totals = self._run_totals
-    for k in PER_EXAMPLE_STATS:
+    for k in stats.PER_EXAMPLE_STATS:
       totals[k] = totals.get(k, 0) + int(np.sum(np.asarray(aux[k])[real]))
     totals['examples'] = totals.get('examples', 0) + int(real.sum())
-    stats = self.run_stats()
+    run = self.run_stats()
     logging.info('specdec_t5x: %d examples: alpha %s, %s tokens per target call '
                  '(%d generated tokens, %d target calls, gamma %s)', totals['examples'],
-                 _fmt(stats['alpha_empirical']), _fmt(stats['mean_tokens_per_target_call']),
-                 stats['generated_tokens'], stats['target_calls'],
+                 _fmt(run['alpha_empirical']), _fmt(run['mean_tokens_per_target_call']),
+                 run['generated_tokens'], run['target_calls'],
                  self.gamma if self.is_speculative else None)
 
   def run_stats(self) -> Dict[str, Any]:
     """The speculative statistics of every `predict_batch_with_aux` call so far (what
-    `python -m t5x.infer` logs), as `summarize_stats` gives them."""
-    return dict(summarize_stats(self._run_totals),
+    `python -m t5x.infer` logs), as `stats.summarize` gives them."""
+    return dict(stats.summarize(self._run_totals),
                 examples=self._run_totals.get('examples', 0))
 
   def predict_batch(self, params: Any, batch: Mapping[str, Any],
