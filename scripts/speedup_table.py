@@ -50,11 +50,11 @@ def run_gin(args, gammas):
   cost = speed.costs(run['target'], drafts, run['enc'], gammas, args.cost_calls,
                          args.cost_repeats, max_len=run['max_len'])
   bar.update(1)
-  res = speed.sweep(run['target'], drafts, run['enc'], run['max_len'], gammas, run['cfg'],
+  res = speed.sweep(run['target'], drafts, run['enc'], run['max_len'], gammas, run['config'].sampling,
                          cost, args.repeats, args.seed, run['eos_id'])
   bar.update(1)
   bar.close()
-  return [{'task': run['task'], 'temperature': run['cfg'].temperature, 'costs_s': cost, **res}]
+  return [{'task': run['task'], 'temperature': run['config'].temperature, 'costs_s': cost, **res}]
 
 
 def render(report: harness.Report) -> List[str]:

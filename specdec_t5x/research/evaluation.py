@@ -146,8 +146,8 @@ def alpha_per_position(histogram: Sequence[int]) -> List[Optional[float]]:
 def from_gin(gin_files: Sequence[str], bindings: Sequence[str], num_examples: int,
              search_paths: Sequence[str] = ('.',)) -> Dict[str, Any]:
   """What an infer run file configures: model (module, draft, its DecodeConfig as
-  'config', and 'cfg', its sampling part), params, the first `num_examples` encoder
-  inputs [N, <= L] (at their length bucket), max_len and eos_id.
+  'config'), params, the first `num_examples` encoder inputs [N, <= L] (at their length
+  bucket), max_len and eos_id.
 
   Parses the files as `python -m specdec_t5x.infer` does, but calls a stand-in for
   `infer_script.infer` that returns its gin-bound arguments instead of decoding.
@@ -180,4 +180,4 @@ def from_gin(gin_files: Sequence[str], bindings: Sequence[str], num_examples: in
           'enc': batching.pad_batch([e['inputs'] for e in examples], lengths['inputs']),
           'max_len': int(model.max_decode_length or lengths['targets']),
           'eos_id': model.eos_id, 'task': data.mixture_or_task_name,
-          'config': model.decode_config, 'cfg': model.decode_config.sampling}
+          'config': model.decode_config}
