@@ -1,19 +1,23 @@
 """`generate`: the public entry point (ARCHITECTURE.md, "Public paths").
 
 Binds Flax modules and params into the callbacks that decoding.py loops over, and
-compiles the whole generation (encoders, caches, loop) into one jitted call.
+compiles the whole generation (encoders, caches, loop) into one jitted call. On the CPU
+backend the decoder's float32 weights are packed once per params tree for cpu_kernels'
+matmul (`decode_variables`).
 """
 
 from __future__ import annotations
 
+import collections
 from typing import Any, Optional, Tuple, Union
+import weakref
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import decoding
+from specdec_t5x.algorithm import cpu_kernels, decoding, network
 from specdec_t5x.algorithm.config import DecodeConfig, GammaPolicy
 from specdec_t5x.algorithm.stats import DecodeStats
 
@@ -40,15 +44,46 @@ def _vocab_size(module) -> Optional[int]:
   return getattr(config, 'vocab_size', getattr(module, 'vocab_size', None))
 
 
-def _extend_fn(module, params) -> decoding.ExtendFn:
+_PACKED: 'collections.OrderedDict[Any, Tuple[list, dict]]' = collections.OrderedDict()
+_PACKED_KEEP = 4  # params trees whose packed kernels stay cached
+
+
+def decode_variables(module, params) -> dict:
+  """The variables the decode path applies `module` with: {'params': params}, plus, for a
+  network.Transformer on the CPU backend (cpu_kernels.enabled()), its packed decode kernels
+  (network.decode_kernels) -- packed once per params tree and cached while it lives."""
+  variables = {'params': params}
+  if not isinstance(module, network.Transformer) or not cpu_kernels.enabled():
+    return variables
+  leaves = jax.tree_util.tree_leaves(params)
+  if any(_is_traced(x) for x in leaves):  # generate under an outer jit: pack in its trace
+    return dict(variables, **{cpu_kernels.COLLECTION: network.decode_kernels(params)})
+  key = (_module_key(module), tuple(id(x) for x in leaves))
+  hit = _PACKED.get(key)
+  if hit is None or any(ref() is not x for ref, x in zip(hit[0], leaves)):
+    try:
+      refs = [weakref.ref(x) for x in leaves]
+    except TypeError:  # leaves without weak references: pack every call
+      return dict(variables, **{cpu_kernels.COLLECTION: _pack(params)})
+    hit = _PACKED[key] = (refs, _pack(params))
+    while len(_PACKED) > _PACKED_KEEP:
+      _PACKED.popitem(last=False)
+  _PACKED.move_to_end(key)
+  return dict(variables, **{cpu_kernels.COLLECTION: hit[1]})
+
+
+_pack = jax.jit(network.decode_kernels)
+
+
+def _extend_fn(module, variables) -> decoding.ExtendFn:
   def fn(cache, tokens, positions):
-    return module.apply({'params': params}, cache, tokens, positions, method='extend')
+    return module.apply(variables, cache, tokens, positions, method='extend')
   return fn
 
 
-def _prepare(module, params, encoder_tokens, cache_len):
-  encoded = module.apply({'params': params}, encoder_tokens, method='encode')
-  return module.apply({'params': params}, encoded, encoder_tokens, cache_len, method='init_cache')
+def _prepare(module, variables, encoder_tokens, cache_len):
+  encoded = module.apply(variables, encoder_tokens, method='encode')
+  return module.apply(variables, encoded, encoder_tokens, cache_len, method='init_cache')
 
 
 _COMPILED: dict = {}
@@ -62,18 +97,18 @@ def _compiled(target_module, draft_module, *, max_len: int, config: DecodeConfig
   if key in _COMPILED:
     return _COMPILED[key]
 
-  def run(target_params, draft_params, encoder_tokens, rng, eos_id):
+  def run(target_vars, draft_vars, encoder_tokens, rng, eos_id):
     batch = encoder_tokens.shape[0]
     # Positions written: up to max_len + gamma (finished rows keep computing in place).
     cache_len = max_len + (config.gamma if draft_module is not None else 0) + 1
-    target_cache = _prepare(target_module, target_params, encoder_tokens, cache_len)
-    target_fn = _extend_fn(target_module, target_params)
+    target_cache = _prepare(target_module, target_vars, encoder_tokens, cache_len)
+    target_fn = _extend_fn(target_module, target_vars)
     if draft_module is None:
       return decoding.autoregressive_decode(target_fn, target_cache, rng, batch=batch,
                                             max_len=max_len, config=config, eos_id=eos_id)
-    draft_cache = _prepare(draft_module, draft_params, encoder_tokens, cache_len)
+    draft_cache = _prepare(draft_module, draft_vars, encoder_tokens, cache_len)
     return decoding.speculative_decode(
-        target_fn, _extend_fn(draft_module, draft_params), target_cache, draft_cache, rng,
+        target_fn, _extend_fn(draft_module, draft_vars), target_cache, draft_cache, rng,
         batch=batch, max_len=max_len, config=config, eos_id=eos_id)
 
   _COMPILED[key] = jax.jit(run)
@@ -208,6 +243,8 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
                        f'draft vocab_size={dv}. Speculative decoding needs one tokenizer.')
   rng = jax.random.PRNGKey(0) if rng is None else rng
   fn = _compiled(target_module, draft_module, max_len=int(max_decode_length), config=config)
-  out_tokens, stats = fn(target_params, draft_params, tokens, rng, jnp.int32(eos_id))
+  draft_vars = None if draft_module is None else decode_variables(draft_module, draft_params)
+  out_tokens, stats = fn(decode_variables(target_module, target_params), draft_vars, tokens, rng,
+                         jnp.int32(eos_id))
   _check_finite(stats)
   return GenerateOutput(out_tokens, stats)

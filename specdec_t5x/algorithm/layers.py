@@ -4,6 +4,8 @@ Each keeps T5X's parameter names, shapes and logical axis names (t5x/examples/t5
 and T5X's dtype casts, so a tree of these modules is T5X's tree and computes T5X's values
 bit for bit. Attention exposes its projections (`project_q`, `project_kv`) and `attend`
 separately, so the decoder can run its multi-token cache over them (network.DecoderLayer).
+Dense and Embed.attend use cpu_kernels' packed matmul when the variables carry packed
+weights (decode only: network.decode_kernels); otherwise they are T5X's computation.
 
 Shapes use T5X's bracket comments: `# [batch, length, emb]`.
 """
@@ -17,6 +19,8 @@ from flax.linen import partitioning as nn_partitioning
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from specdec_t5x.algorithm import cpu_kernels
 
 NUM_BUCKETS = 32  # T5's relative-position buckets ...
 MAX_DISTANCE = 128  # ... log-spaced up to this distance.
@@ -55,6 +59,9 @@ class Dense(nn.Module):
   def __call__(self, x):
     kernel = _param(self, 'kernel', self.kernel_init, (x.shape[-1], self.features),
                     self.kernel_axes)
+    if self.dtype == jnp.float32 and self.has_variable(cpu_kernels.COLLECTION, 'kernel'):
+      return cpu_kernels.matmul(x, self.get_variable(cpu_kernels.COLLECTION, 'kernel'),
+                                self.features)
     return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
 
 
@@ -215,6 +222,10 @@ class Embed(nn.Module):
   def attend(self, query):
     """[..., emb] -> [..., vocab] float32: dot products with every embedding.
 
-    In float32 whatever `dtype` is, as T5X's tied logits (`attend_dtype=float32`).
+    In float32 whatever `dtype` is, as T5X's tied logits (`attend_dtype=float32`). With
+    decode variables (network.decode_kernels), the packed transposed table.
     """
+    if self.has_variable(cpu_kernels.COLLECTION, 'embedding'):
+      return cpu_kernels.matmul(query, self.get_variable(cpu_kernels.COLLECTION, 'embedding'),
+                                self.num_embeddings)
     return jnp.dot(query.astype(jnp.float32), self.embedding.astype(jnp.float32).T)

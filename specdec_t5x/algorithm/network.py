@@ -36,6 +36,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from specdec_t5x.algorithm import cpu_kernels
 from specdec_t5x.algorithm.layers import (Attention, Dense, Embed, MlpBlock,
                                           RelativePositionBias, RMSNorm, kernel_init,
                                           mask_to_bias, pairwise)
@@ -325,6 +326,37 @@ class Decoder(nn.Module):
       x, layer_cache = layer.extend(x, layer_cache, positions + 1, self_bias, cross_bias)
       new_layers.append(layer_cache)
     return self._logits(x, True), dict(cache, layers=new_layers)
+
+
+def decode_kernels(params) -> dict:
+  """The `cpu_kernels.COLLECTION` variables for decoding on CPU: every float32 Dense kernel
+  of the decoder, and the token embedding transposed (for tied logits only), packed into
+  panels.
+
+  Pass them beside the params (`{'params': p, COLLECTION: decode_kernels(p)}`) to `extend`
+  and `init_cache`; api.generate does, once per params (cpu_kernels.enabled()). The
+  encoder and the teacher-forced `__call__` never see them: T5X's computation, unchanged.
+  """
+  def walk(tree):
+    out = {}
+    for name, value in tree.items():
+      if hasattr(value, 'items'):
+        sub = walk(value)
+        if sub:
+          out[name] = sub
+      elif name == 'kernel' and value.ndim == 2 and value.dtype == jnp.float32:
+        out[name] = cpu_kernels.pack(value)
+    return out
+
+  packed = {}
+  decoder = walk(params.get('decoder', {}))
+  if decoder:
+    packed['decoder'] = decoder
+  embedding = params.get('token_embedder', {}).get('embedding')
+  tied = 'logits_dense' not in params.get('decoder', {})  # else logits_dense is packed above
+  if tied and embedding is not None and embedding.dtype == jnp.float32:
+    packed['token_embedder'] = {'embedding': cpu_kernels.pack(embedding.T)}
+  return packed
 
 
 # T5 v1.1 sizes (T5X's t5x/examples/t5/t5_1_1/*.gin): emb_dim, num_heads, layers (each stack), mlp_dim.

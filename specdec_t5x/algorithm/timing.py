@@ -33,7 +33,7 @@ _EXTEND_FNS: Dict[Any, Callable] = {}
 
 
 def _repeated_extend(module, num_tokens: int, cache_len: int):
-  """A jitted fn(params, enc, num_calls) that encodes, builds the cache and runs
+  """A jitted fn(variables, enc, num_calls) that encodes, builds the cache and runs
   `num_calls` cached calls of `num_tokens` tokens.
 
   `num_calls` is traced, so ONE compiled program serves every count, 0 included (compile
@@ -45,16 +45,16 @@ def _repeated_extend(module, num_tokens: int, cache_len: int):
   if key in _EXTEND_FNS:
     return _EXTEND_FNS[key]
 
-  def run(params, enc, num_calls):
-    encoded = module.apply({'params': params}, enc, method='encode')
-    cache = module.apply({'params': params}, encoded, enc, cache_len, method='init_cache')
+  def run(variables, enc, num_calls):
+    encoded = module.apply(variables, enc, method='encode')
+    cache = module.apply(variables, encoded, enc, cache_len, method='init_cache')
     tokens = jnp.full((enc.shape[0], num_tokens), 3, jnp.int32)
     seen = sum((jnp.sum(x).astype(jnp.float32) for x in jax.tree_util.tree_leaves(cache)
                 if jnp.issubdtype(x.dtype, jnp.floating)), jnp.float32(0.0))
 
     def body(i, carry):
       cache, acc = carry
-      logits, cache = module.apply({'params': params}, cache, tokens,
+      logits, cache = module.apply(variables, cache, tokens,
                                    jnp.full((enc.shape[0],), i, jnp.int32), method='extend')
       return cache, acc + logits[:, -1, 0].astype(jnp.float32)
     acc0 = jnp.zeros((enc.shape[0],), jnp.float32) + seen
@@ -77,8 +77,9 @@ def call_costs(specs: Dict[str, tuple], enc, num_calls: int = 32, repeats: int =
   fns = {}
   for name, (module, params, num_tokens) in specs.items():
     fn = _repeated_extend(module, num_tokens, max(cache_len, num_calls + num_tokens + 1))
-    block(fn(params, enc, num_calls)), block(fn(params, enc, 0))  # compile
-    fns[name] = (fn, params)
+    variables = api.decode_variables(module, params)  # as generate decodes
+    block(fn(variables, enc, num_calls)), block(fn(variables, enc, 0))  # compile
+    fns[name] = (fn, variables)
   diffs: Dict[str, List[float]] = {name: [] for name in specs}
   for _ in range(repeats):
     for name, (fn, params) in fns.items():
@@ -101,8 +102,9 @@ def prefill_cost(module, params, enc, cache_len: int, repeats: int = 5) -> float
   cache_len it compiles nothing new.
   """
   fn = _repeated_extend(module, 1, cache_len)
-  block(fn(params, enc, 0))  # compile
-  return statistics.median(wall(lambda: fn(params, enc, 0)) for _ in range(repeats))
+  variables = api.decode_variables(module, params)
+  block(fn(variables, enc, 0))  # compile
+  return statistics.median(wall(lambda: fn(variables, enc, 0)) for _ in range(repeats))
 
 
 def speed_ratios(times: Dict[str, List[float]], base: str) -> Dict[str, float]:

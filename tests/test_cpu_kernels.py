@@ -1,0 +1,147 @@
+"""The packed CPU matmul of the decode path (algorithm/cpu_kernels.{py,cc})."""
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_t5x.algorithm import api, cpu_kernels, network
+
+# Only a CPU without AVX2/FMA skips; on x86-64 (CI) a failed build fails these tests.
+pytestmark = pytest.mark.skipif(
+    not cpu_kernels._cpu_has_avx2_fma(),  # pylint: disable=protected-access
+    reason='the packed CPU matmul needs x86-64 with AVX2 and FMA')
+
+
+def test_enabled_here():
+  assert cpu_kernels.enabled(), cpu_kernels._status()  # pylint: disable=protected-access
+
+
+def _product(x, w):
+  return np.asarray(jax.jit(cpu_kernels.matmul, static_argnums=2)(
+      jnp.asarray(x), cpu_kernels.pack(jnp.asarray(w)), w.shape[1]))
+
+
+@pytest.mark.parametrize('k,n', [(5, 1), (64, 15), (64, 16), (64, 17), (384, 100), (128, 1000)])
+def test_matmul_matches_float64_reference(k, n):
+  rng = np.random.default_rng(k * n)
+  w = rng.standard_normal((k, n)).astype(np.float32)
+  for m in (1, 2, 3, 4, 5, 8, 13):
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    exact = x.astype(np.float64) @ w.astype(np.float64)
+    bound = np.abs(x).astype(np.float64) @ np.abs(w).astype(np.float64)
+    err = np.abs(_product(x, w) - exact)
+    assert np.all(err <= 4 * k * np.finfo(np.float32).eps * bound + 1e-30), (m, float(err.max()))
+
+
+def test_rows_are_bitwise_independent_of_the_other_rows():
+  """A row's result is the same in a 1-row call as in any larger call (gamma + 1 rows of a
+  verify call equal the one-token steps of the same rows)."""
+  rng = np.random.default_rng(0)
+  w = rng.standard_normal((384, 1000)).astype(np.float32)
+  x = rng.standard_normal((9, 384)).astype(np.float32)
+  full = _product(x, w)
+  for m in range(1, 9):
+    np.testing.assert_array_equal(_product(x[:m], w), full[:m])
+  for r in range(9):
+    np.testing.assert_array_equal(_product(x[r:r + 1], w)[0], full[r])
+
+
+def test_leading_dimensions_and_bad_shapes():
+  rng = np.random.default_rng(1)
+  w = rng.standard_normal((32, 40)).astype(np.float32)
+  x = rng.standard_normal((2, 3, 32)).astype(np.float32)
+  y = np.asarray(cpu_kernels.matmul(jnp.asarray(x), cpu_kernels.pack(jnp.asarray(w)), 40))
+  assert y.shape == (2, 3, 40)
+  np.testing.assert_allclose(y, x @ w, rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match='do not make'):
+    cpu_kernels.matmul(jnp.asarray(x), cpu_kernels.pack(jnp.asarray(w)), 20)
+  with pytest.raises(ValueError, match='do not make'):
+    cpu_kernels.matmul(jnp.asarray(x[..., :16]), cpu_kernels.pack(jnp.asarray(w)), 40)
+
+
+def _tiny(logits_via_embedding):
+  cfg = network.T5Config(vocab_size=300, emb_dim=48, num_heads=2, num_encoder_layers=1,
+                         num_decoder_layers=2, head_dim=16, mlp_dim=80,
+                         mlp_activations=('gelu', 'linear'), dropout_rate=0.0,
+                         logits_via_embedding=logits_via_embedding)
+  module = network.Transformer(cfg)
+  enc = jnp.asarray(np.random.default_rng(2).integers(2, 300, (2, 9)), jnp.int32)
+  params = module.init(jax.random.PRNGKey(0), enc, enc)['params']
+  return module, params, enc
+
+
+@pytest.mark.parametrize('tied', [True, False])
+def test_decode_kernels_cover_the_decoder_and_agree_with_xla(tied):
+  module, params, enc = _tiny(tied)
+  packed = network.decode_kernels(params)
+  dense = [p for p, _ in jax.tree_util.tree_leaves_with_path(params['decoder'])
+           if p[-1].key == 'kernel']
+  assert len(jax.tree_util.tree_leaves(packed.get('decoder', {}))) == len(dense)
+  assert ('token_embedder' in packed) == tied
+  assert 'encoder' not in packed  # the encoder and teacher-forced path stay T5X's
+  plain = {'params': params}
+  fast = dict(plain, **{cpu_kernels.COLLECTION: packed})
+  tokens = jnp.asarray([[0, 5, 7, 9], [0, 3, 4, 4]], jnp.int32)
+
+  def logits(variables):
+    encoded = module.apply(variables, enc, method='encode')
+    cache = module.apply(variables, encoded, enc, 12, method='init_cache')
+    return module.apply(variables, cache, tokens, jnp.zeros((2,), jnp.int32),
+                        method='extend')[0]
+
+  np.testing.assert_allclose(logits(fast), logits(plain), rtol=1e-5, atol=1e-5)
+  calls = str(jax.make_jaxpr(logits)(fast)).count('ffi_call')
+  # every decoder Dense (cross-attention k/v in init_cache too), plus the tied logits
+  assert calls == len(dense) + tied
+  assert 'ffi_call' not in str(jax.make_jaxpr(logits)(plain))
+
+
+def test_generate_uses_the_kernels_once_per_params_and_matches_xla(monkeypatch):
+  module, params, enc = _tiny(True)
+  variables = api.decode_variables(module, params)
+  assert cpu_kernels.COLLECTION in variables
+  assert api.decode_variables(module, params)[cpu_kernels.COLLECTION] is \
+      variables[cpu_kernels.COLLECTION]  # packed once, cached while params live
+  fast = api.generate((module, params), enc, draft=(module, params), gamma=3,
+                      max_decode_length=10)
+  ar_fast = api.generate((module, params), enc, max_decode_length=10)
+  monkeypatch.setenv('SPECDEC_CPU_KERNELS', '0')
+  assert not cpu_kernels.enabled()
+  assert cpu_kernels.COLLECTION not in api.decode_variables(module, params)
+  plain = api.generate((module, params), enc, max_decode_length=10)
+  np.testing.assert_array_equal(fast.tokens, ar_fast.tokens)  # greedy: exact either way
+  np.testing.assert_array_equal(ar_fast.tokens, plain.tokens)
+
+
+def test_without_a_compiler_decoding_falls_back_to_xla(tmp_path):
+  code = (
+      'import jax, jax.numpy as jnp, numpy as np\n'
+      'from specdec_t5x.algorithm import api, cpu_kernels, network\n'
+      'cfg = network.T5Config(vocab_size=64, emb_dim=16, num_heads=1, num_encoder_layers=1,'
+      ' num_decoder_layers=1, head_dim=8, mlp_dim=32, dropout_rate=0.0)\n'
+      'm = network.Transformer(cfg); enc = jnp.ones((1, 4), jnp.int32)\n'
+      'p = m.init(jax.random.PRNGKey(0), enc, enc)["params"]\n'
+      'assert not cpu_kernels.enabled()\n'
+      'assert cpu_kernels.COLLECTION not in api.decode_variables(m, p)\n'
+      'print(api.generate((m, p), enc, max_decode_length=3).tokens.shape)\n')
+  env = dict(os.environ, CXX=str(tmp_path / 'no-such-compiler'),
+             SPECDEC_KERNEL_CACHE=str(tmp_path / 'cache'), JAX_PLATFORMS='cpu')
+  out = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True, text=True,
+                       timeout=300, check=False)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert '(1, 3)' in out.stdout
+  assert 'packed CPU matmul is off (no C++ compiler' in out.stderr
+
+
+def test_build_is_cached_and_atomic(tmp_path, monkeypatch):
+  monkeypatch.setenv('SPECDEC_KERNEL_CACHE', str(tmp_path))
+  path = cpu_kernels.build()
+  stamp = os.stat(path).st_mtime_ns
+  assert cpu_kernels.build() == path and os.stat(path).st_mtime_ns == stamp
+  assert sorted(os.listdir(tmp_path)) == sorted([os.path.basename(path),
+                                                 os.path.basename(path) + '.lock'])
