@@ -115,7 +115,8 @@ def test_costs_measure_calls_and_prefill_separately(models):
   run = timing._repeated_extend(module, 1, 12)  # pylint: disable=protected-access
   doubled = jax.tree_util.tree_map(lambda x: 2 * x, params)
   e = jnp.asarray(enc[:1])
-  assert not np.allclose(np.asarray(run(params, e, 0)), np.asarray(run(doubled, e, 0)))
+  assert not np.allclose(np.asarray(run({'params': params}, e, 0)),
+                         np.asarray(run({'params': doubled}, e, 0)))
 
 
 def test_ideal_end_to_end_counts_prefill():

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from specdec_t5x.algorithm import config as config_lib
-from specdec_t5x.algorithm import sampling
+from specdec_t5x.algorithm import rows, sampling
 from specdec_t5x.algorithm.stats import DecodeStats
 
 # Re-exported: the policy type lives with the decode configuration.
@@ -92,9 +92,6 @@ def _nonfinite(logits) -> jax.Array:
   return ~jnp.all(jnp.isfinite(logits), axis=tuple(range(1, logits.ndim)))
 
 
-def _row_window(x, start, size):
-  """x [b, S], start [b] -> [b, size]: each row's slice x[r, start[r]:start[r]+size]."""
-  return jax.vmap(lambda row, s: jax.lax.dynamic_slice(row, (s,), (size,)))(x, start)
 
 
 def _emit(state: DecodeState, candidates, num_new, max_len: int, eos_id: int):
@@ -109,10 +106,9 @@ def _emit(state: DecodeState, candidates, num_new, max_len: int, eos_id: int):
   has_eos = jnp.any(is_eos, axis=1)
   count = jnp.where(has_eos, jnp.minimum(num_new, first_eos + 1), num_new)
   count = jnp.where(state.done, 0, count)
-  old = _row_window(state.seq, state.length + 2, w)
+  old = rows.window(state.seq, state.length + 2, w)
   new = jnp.where(idx < count[:, None], candidates, old)
-  seq = jax.vmap(lambda row, u, s: jax.lax.dynamic_update_slice(row, u, (s,)))(
-      state.seq, new, state.length + 2)
+  seq = rows.update(state.seq, new, state.length + 2)
   length = state.length + count
   done = state.done | (has_eos & ~state.done) | (length >= max_len)
   return state.replace(seq=seq, length=length, done=done)
@@ -154,7 +150,7 @@ def autoregressive_decode(target_fn: ExtendFn, target_cache, rng, *, batch: int,
 
   def body(s: DecodeState):
     rng, keys = _split_keys(s.rng, 1, cfg)
-    last = _row_window(s.seq, s.length + 1, 1)  # [b, 1]
+    last = rows.window(s.seq, s.length + 1, 1)  # [b, 1]
     logits, cache = target_fn(s.target_cache, last, s.length)
     token, _ = _propose(logits[:, 0], keys, 0, cfg)
     stats = s.stats.replace(
@@ -186,11 +182,11 @@ def _draft_block(draft_fn: ExtendFn, s: DecodeState, keys, num_steps, limit, gam
   drafts made for each row before it stopped, bad [b]: a draft call gave NaN/inf logits).
   """
   def catch_up(_):  # re-feed y_{n-2} at n - 1, left unwritten by a fully accepted block
-    logits, cache = draft_fn(s.draft_cache, _row_window(s.seq, s.length, 2), s.length - 1)
+    logits, cache = draft_fn(s.draft_cache, rows.window(s.seq, s.length, 2), s.length - 1)
     return logits[:, 1], cache
 
   def plain(_):
-    logits, cache = draft_fn(s.draft_cache, _row_window(s.seq, s.length + 1, 1), s.length)
+    logits, cache = draft_fn(s.draft_cache, rows.window(s.seq, s.length + 1, 1), s.length)
     return logits[:, 0], cache
 
   logits, cache = jax.lax.cond(jnp.any(s.draft_behind & ~s.done), catch_up, plain, None)
@@ -266,7 +262,7 @@ def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, dr
         draft_fn, s, keys, num_steps, limit, gamma, cfg, threshold)
     num_drafted = jnp.minimum(limit, count)
 
-    last = _row_window(s.seq, s.length + 1, 1)  # [b, 1]
+    last = rows.window(s.seq, s.length + 1, 1)  # [b, 1]
     logits, target_cache = target_fn(s.target_cache, jnp.concatenate([last, xs], 1), s.length)
     if cfg.greedy:  # one-hot p and q: the same rule, without materialising them
       best = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [b, gamma + 1]

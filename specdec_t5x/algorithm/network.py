@@ -33,10 +33,9 @@ import dataclasses
 from typing import Any, Sequence
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
 
-from specdec_t5x.algorithm import cpu_kernels
+from specdec_t5x.algorithm import cpu_kernels, rows
 from specdec_t5x.algorithm.layers import (Attention, Dense, Embed, MlpBlock,
                                           RelativePositionBias, RMSNorm, kernel_init,
                                           mask_to_bias, pairwise)
@@ -120,9 +119,8 @@ class DecoderLayer(nn.Module):
     y = self.pre_self_attention_layer_norm(x)
     q = self.self_attention.project_q(y)
     k_new, v_new = self.self_attention.project_kv(y)  # [b, k, h, d]
-    write = jax.vmap(lambda c, u, s: jax.lax.dynamic_update_slice(c, u.astype(c.dtype), (s, 0, 0)))
-    k_cache = write(layer_cache['k'], k_new, slots)
-    v_cache = write(layer_cache['v'], v_new, slots)
+    k_cache = rows.update(layer_cache['k'], k_new, slots)
+    v_cache = rows.update(layer_cache['v'], v_new, slots)
     y = self.self_attention.attend(q, k_cache, v_cache, self_bias)
     x = x + y
     cross = lambda z: self.encoder_decoder_attention.attend(
@@ -330,12 +328,12 @@ class Decoder(nn.Module):
 
 def decode_kernels(params) -> dict:
   """The `cpu_kernels.COLLECTION` variables for decoding on CPU: every float32 Dense kernel
-  of the decoder, and the token embedding transposed (for tied logits only), packed into
-  panels.
+  (encoder and decoder), and the token embedding transposed (for tied logits only), packed
+  into panels.
 
-  Pass them beside the params (`{'params': p, COLLECTION: decode_kernels(p)}`) to `extend`
-  and `init_cache`; api.generate does, once per params (cpu_kernels.enabled()). The
-  encoder and the teacher-forced `__call__` never see them: T5X's computation, unchanged.
+  Pass them beside the params (`{'params': p, COLLECTION: decode_kernels(p)}`) to `encode`,
+  `init_cache` and `extend`; api.generate does, once per params (cpu_kernels.enabled()).
+  The teacher-forced `__call__` (training, scoring, T5X) never gets them: T5X's computation.
   """
   def walk(tree):
     out = {}
@@ -348,10 +346,7 @@ def decode_kernels(params) -> dict:
         out[name] = cpu_kernels.pack(value)
     return out
 
-  packed = {}
-  decoder = walk(params.get('decoder', {}))
-  if decoder:
-    packed['decoder'] = decoder
+  packed = walk({k: v for k, v in params.items() if k != 'token_embedder'})
   embedding = params.get('token_embedder', {}).get('embedding')
   tied = 'logits_dense' not in params.get('decoder', {})  # else logits_dense is packed above
   if tied and embedding is not None and embedding.dtype == jnp.float32:
