@@ -63,6 +63,52 @@ void Tile4x1(const float* x, int64_t K, const float* p, float* y, int64_t N, int
   Store(buf, kPanel, 4, y, N, ncols);
 }
 
+// 3 rows x 1 panel: 6 accumulators.
+void Tile3x1(const float* x, int64_t K, const float* p, float* y, int64_t N, int64_t ncols) {
+  __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00;
+  for (int64_t k = 0; k < K; ++k) {
+    const float* pk = p + k * kPanel;
+    Prefetch(pk);
+    const __m256 w0 = _mm256_loadu_ps(pk), w1 = _mm256_loadu_ps(pk + 8);
+    __m256 b = _mm256_broadcast_ss(x + k);
+    a00 = _mm256_fmadd_ps(b, w0, a00); a01 = _mm256_fmadd_ps(b, w1, a01);
+    b = _mm256_broadcast_ss(x + K + k);
+    a10 = _mm256_fmadd_ps(b, w0, a10); a11 = _mm256_fmadd_ps(b, w1, a11);
+    b = _mm256_broadcast_ss(x + 2 * K + k);
+    a20 = _mm256_fmadd_ps(b, w0, a20); a21 = _mm256_fmadd_ps(b, w1, a21);
+  }
+  alignas(32) float buf[3 * kPanel];
+  _mm256_store_ps(buf, a00); _mm256_store_ps(buf + 8, a01);
+  _mm256_store_ps(buf + 16, a10); _mm256_store_ps(buf + 24, a11);
+  _mm256_store_ps(buf + 32, a20); _mm256_store_ps(buf + 40, a21);
+  Store(buf, kPanel, 3, y, N, ncols);
+}
+
+// 2 rows x 2 consecutive panels: 8 accumulators.
+void Tile2x2(const float* x, int64_t K, const float* p, float* y, int64_t N, int64_t ncols) {
+  const int64_t ps = K * kPanel;
+  __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
+  __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+  for (int64_t k = 0; k < K; ++k) {
+    const float* pk = p + k * kPanel;
+    Prefetch(pk); Prefetch(pk + ps);
+    const __m256 w0 = _mm256_loadu_ps(pk), w1 = _mm256_loadu_ps(pk + 8);
+    const __m256 w2 = _mm256_loadu_ps(pk + ps), w3 = _mm256_loadu_ps(pk + ps + 8);
+    __m256 b = _mm256_broadcast_ss(x + k);
+    a00 = _mm256_fmadd_ps(b, w0, a00); a01 = _mm256_fmadd_ps(b, w1, a01);
+    a02 = _mm256_fmadd_ps(b, w2, a02); a03 = _mm256_fmadd_ps(b, w3, a03);
+    b = _mm256_broadcast_ss(x + K + k);
+    a10 = _mm256_fmadd_ps(b, w0, a10); a11 = _mm256_fmadd_ps(b, w1, a11);
+    a12 = _mm256_fmadd_ps(b, w2, a12); a13 = _mm256_fmadd_ps(b, w3, a13);
+  }
+  alignas(32) float buf[4 * kPanel];
+  _mm256_store_ps(buf, a00); _mm256_store_ps(buf + 8, a01);
+  _mm256_store_ps(buf + 16, a02); _mm256_store_ps(buf + 24, a03);
+  _mm256_store_ps(buf + 32, a10); _mm256_store_ps(buf + 40, a11);
+  _mm256_store_ps(buf + 48, a12); _mm256_store_ps(buf + 56, a13);
+  Store(buf, 2 * kPanel, 2, y, N, ncols);
+}
+
 // 1 row x 4 consecutive panels: 8 accumulators (one row alone would wait on one chain).
 void Tile1x4(const float* x, int64_t K, const float* p, float* y, int64_t ncols) {
   const int64_t ps = K * kPanel;
@@ -102,7 +148,7 @@ void Tile1x1(const float* x, int64_t K, const float* p, float* y, int64_t ncols)
 }
 
 // Columns of panels [p0, p1) (one chunk, still in cache for every row group) for all M rows:
-// rows in groups of 4, then one at a time.
+// rows in groups of 4, then the remaining 3, 2 or 1 together.
 void Panels(const float* x, const float* p, float* y, int64_t M, int64_t K, int64_t N,
             int64_t p0, int64_t p1) {
   const int64_t ps = K * kPanel;
@@ -111,6 +157,18 @@ void Panels(const float* x, const float* p, float* y, int64_t M, int64_t K, int6
   for (; m + 4 <= M; m += 4)
     for (int64_t j = p0; j < p1; ++j)
       Tile4x1(x + m * K, K, p + j * ps, y + m * N + j * kPanel, N, cols(j, 1));
+  if (M - m == 3) {
+    for (int64_t j = p0; j < p1; ++j)
+      Tile3x1(x + m * K, K, p + j * ps, y + m * N + j * kPanel, N, cols(j, 1));
+    return;
+  }
+  if (M - m == 2) {
+    int64_t j = p0;
+    for (; j + 2 <= p1; j += 2) Tile2x2(x + m * K, K, p + j * ps, y + m * N + j * kPanel, N, cols(j, 2));
+    for (; j < p1; ++j)
+      for (int64_t r = m; r < M; ++r) Tile1x1(x + r * K, K, p + j * ps, y + r * N + j * kPanel, cols(j, 1));
+    return;
+  }
   for (; m < M; ++m) {
     int64_t j = p0;
     for (; j + 4 <= p1; j += 4) Tile1x4(x + m * K, K, p + j * ps, y + m * N + j * kPanel, cols(j, 4));

@@ -168,6 +168,17 @@ class Attention(nn.Module):
     out = jnp.einsum('bhqk,bkhd->bqhd', weights, v)
     return self.out(out.reshape(out.shape[:2] + (self.num_heads * self.head_dim,)))
 
+  def attend_cached(self, q, k_t, v, bias):
+    """`attend` over keys/values stored in the decode cache's layouts: q [b, q, h, d],
+    k_t [b, h, d, k], v [b, h, k, d], so that neither needs a transpose on each call."""
+    if self.float32_logits:
+      q, k_t = q.astype(jnp.float32), k_t.astype(jnp.float32)
+    logits = jnp.einsum('bqhd,bhdk->bhqk', q, k_t)  # [b, h, q, k]
+    logits = logits + bias.astype(logits.dtype)
+    weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
+    out = jnp.einsum('bhqk,bhkd->bqhd', weights, v)
+    return self.out(out.reshape(out.shape[:2] + (self.num_heads * self.head_dim,)))
+
   def __call__(self, inputs_q, inputs_kv, bias, deterministic: bool = True):
     k, v = self.project_kv(inputs_kv)
     return self.attend(self.project_q(inputs_q), k, v, bias, deterministic)

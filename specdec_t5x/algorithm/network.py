@@ -112,18 +112,24 @@ class DecoderLayer(nn.Module):
     return self._cross_and_mlp(x, cross, deterministic)
 
   def cross_kv(self, encoded):
-    return self.encoder_decoder_attention.project_kv(encoded)
+    """encoded [b, enc, emb] -> the cache's cross-attention keys [b, h, d, enc] and values
+    [b, h, enc, d] (Attention.attend_cached's layouts)."""
+    k, v = self.encoder_decoder_attention.project_kv(encoded)  # [b, enc, h, d]
+    return k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
 
   def extend(self, x, layer_cache, slots, self_bias, cross_bias):
-    """Cached decode of k tokens. x [b, k, emb]; slots [b] physical slot of x[:, 0]."""
+    """Cached decode of k tokens. x [b, k, emb]; slots [b] physical slot of x[:, 0].
+
+    The self-attention cache holds keys as [b, h, d, slots] and values as [b, h, slots, d].
+    """
     y = self.pre_self_attention_layer_norm(x)
     q = self.self_attention.project_q(y)
     k_new, v_new = self.self_attention.project_kv(y)  # [b, k, h, d]
-    k_cache = rows.update(layer_cache['k'], k_new, slots)
-    v_cache = rows.update(layer_cache['v'], v_new, slots)
-    y = self.self_attention.attend(q, k_cache, v_cache, self_bias)
+    k_cache = rows.update(layer_cache['k'], k_new.transpose(0, 2, 3, 1), slots, axis=3)
+    v_cache = rows.update(layer_cache['v'], v_new.transpose(0, 2, 1, 3), slots, axis=2)
+    y = self.self_attention.attend_cached(q, k_cache, v_cache, self_bias)
     x = x + y
-    cross = lambda z: self.encoder_decoder_attention.attend(
+    cross = lambda z: self.encoder_decoder_attention.attend_cached(
         self.encoder_decoder_attention.project_q(z), layer_cache['cross_k'],
         layer_cache['cross_v'], cross_bias)
     x = self._cross_and_mlp(x, cross, True)
@@ -301,17 +307,18 @@ class Decoder(nn.Module):
     cfg = self.config
     b = encoded.shape[0]
     # Slot 0 holds position -1 (always masked); slots 1.. hold positions 0..max_length-1.
-    shape = (b, max_length + 1, cfg.num_heads, cfg.head_dim)
+    slots = max_length + 1
     layers = []
     for layer in self.layers:
       ck, cv = layer.cross_kv(encoded)
-      layers.append({'k': jnp.zeros(shape, cfg.dtype), 'v': jnp.zeros(shape, cfg.dtype),
+      layers.append({'k': jnp.zeros((b, cfg.num_heads, cfg.head_dim, slots), cfg.dtype),
+                     'v': jnp.zeros((b, cfg.num_heads, slots, cfg.head_dim), cfg.dtype),
                      'cross_k': ck, 'cross_v': cv})
     return {'layers': layers, 'encoder_mask': encoder_tokens > 0}
 
   def extend(self, cache, tokens, positions):
     k = tokens.shape[1]
-    num_slots = cache['layers'][0]['k'].shape[1]
+    num_slots = cache['layers'][0]['v'].shape[2]
     q_pos = positions[:, None] + jnp.arange(k)[None, :]  # [b, k]
     key_pos = jnp.arange(num_slots)[None, :] - 1  # [1, slots]
     mask = (key_pos[:, None, :] >= 0) & (key_pos[:, None, :] <= q_pos[:, :, None])  # [b, k, slots]

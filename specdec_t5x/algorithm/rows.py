@@ -18,11 +18,11 @@ def window(x: jax.Array, start: jax.Array, size: int) -> jax.Array:
   return jax.vmap(lambda row, s: jax.lax.dynamic_slice_in_dim(row, s, size, axis=0))(x, start)
 
 
-def update(x: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
-  """x [b, S, ...], new [b, k, ...], start [b] -> x with row r's [start[r], start[r] + k)
-  replaced by new[r] (cast to x's dtype)."""
+def update(x: jax.Array, new: jax.Array, start: jax.Array, axis: int = 1) -> jax.Array:
+  """x [b, ...], new [b, ...] (k along `axis`, else x's sizes), start [b] -> x with row
+  r's [start[r], start[r] + k) along `axis` replaced by new[r] (cast to x's dtype)."""
   new = new.astype(x.dtype)
   if x.shape[0] == 1:
-    return jax.lax.dynamic_update_slice_in_dim(x, new, start[0], axis=1)
-  return jax.vmap(lambda row, u, s: jax.lax.dynamic_update_slice_in_dim(row, u, s, axis=0))(
+    return jax.lax.dynamic_update_slice_in_dim(x, new, start[0], axis=axis)
+  return jax.vmap(lambda row, u, s: jax.lax.dynamic_update_slice_in_dim(row, u, s, axis - 1))(
       x, new, start)
