@@ -225,6 +225,32 @@ def _draft_block(draft_fn: ExtendFn, s: DecodeState, keys, num_steps, limit, gam
   return xs, qs, cache, steps, count, bad
 
 
+def _draft_unrolled(draft_fn: ExtendFn, s: DecodeState, keys, num_steps, gamma: int,
+                    cfg: sampling.SamplingConfig):
+  """`_draft_block` for the fixed policy: gamma draft calls unrolled, no loop or branch.
+
+  The first call always re-feeds y_{n-2} at n - 1 with y_{n-1} at n (a no-op rewrite of a
+  filled slot unless the last block was fully accepted; at n = 0 it writes the masked slot
+  of position -1), so the draft cache never falls behind. Near max_len the calls past
+  `num_steps` draft tokens that `limit` never lets count.
+  """
+  logits, cache = draft_fn(s.draft_cache, rows.window(s.seq, s.length, 2), s.length - 1)
+  logits = logits[:, 1]
+  bad = _nonfinite(logits)
+  xs, qs = [], []
+  for i in range(gamma):
+    if i:
+      logits, cache = draft_fn(cache, xs[-1][:, None], s.length + i)
+      logits = logits[:, 0]
+      bad = bad | _nonfinite(logits)
+    x, q = _propose(logits, keys, i, cfg)
+    xs.append(x)
+    qs.append(q)
+  count = jnp.full(xs[0].shape, num_steps, jnp.int32)
+  qs = None if qs[0] is None else jnp.stack(qs, axis=1)
+  return jnp.stack(xs, axis=1), qs, cache, jnp.int32(gamma), count, bad
+
+
 def _running_alpha_gamma(hits, tests, gamma: int, cost_ratio: float):
   """[b] running acceptance counts -> [b] int32 gamma in 1..gamma maximising theory's gain."""
   alpha = jnp.clip(hits / jnp.maximum(tests, 1e-6), 0.0, 0.999)[:, None]  # [b, 1]
@@ -258,8 +284,12 @@ def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, dr
     num_steps = jnp.clip(jnp.max(room), 0, gamma)
     limit = jnp.minimum(room, num_steps)  # [b]
     threshold = policy.threshold if policy.kind == 'confidence' else None
-    xs, qs, draft_cache, steps, count, draft_bad = _draft_block(
-        draft_fn, s, keys, num_steps, limit, gamma, cfg, threshold)
+    if policy.kind == 'fixed':
+      xs, qs, draft_cache, steps, count, draft_bad = _draft_unrolled(
+          draft_fn, s, keys, num_steps, gamma, cfg)
+    else:
+      xs, qs, draft_cache, steps, count, draft_bad = _draft_block(
+          draft_fn, s, keys, num_steps, limit, gamma, cfg, threshold)
     num_drafted = jnp.minimum(limit, count)
 
     last = rows.window(s.seq, s.length + 1, 1)  # [b, 1]
@@ -294,7 +324,7 @@ def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, dr
         nonfinite_draft_logits=st.nonfinite_draft_logits | (draft_bad & active))
     s = s.replace(
         rng=rng, target_cache=target_cache, draft_cache=draft_cache,
-        draft_behind=(n_acc == steps) & (num_steps > 0),
+        draft_behind=(n_acc == steps) & (num_steps > 0) & (policy.kind != 'fixed'),
         alpha_hits=jnp.where(active, policy.decay * s.alpha_hits + n_acc, s.alpha_hits),
         alpha_tests=jnp.where(active, policy.decay * s.alpha_tests + jnp.minimum(
             n_acc + 1, num_drafted), s.alpha_tests),

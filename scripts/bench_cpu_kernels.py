@@ -1,0 +1,113 @@
+"""The packed CPU matmul (algorithm/cpu_kernels) against XLA's dot, on the demo family.
+
+  flock /tmp/specdec_bench.lock python scripts/bench_cpu_kernels.py [--rows=40] \
+      [--gamma=3] [--max_len=64] [--repeats=5]
+
+Run on an idle machine. Two measurements, each with XLA's dot and with the packed kernel:
+1. per-call costs (timing.call_costs at the demo's bucket and cache sizes: a one-token
+   target step, a draft step, the gamma+1-position verify call, the prefill), from which
+   c = t_draft / t_target and r = t_verify / t_target, and the paper's ideal speedup
+   (tokens per call) / (gamma c + r) at the measured tokens per call;
+2. AR and speculative decoding of the first `rows` demo EN->DE test sentences, each alone
+   (batch 1, greedy), all four runs interleaved in one process (SPECDEC_CPU_KERNELS
+   toggled between them; the median of --repeats). Every output is checked equal to
+   XLA's AR output.
+Writes results/cpu_kernels.{json,md}.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+
+import numpy as np
+
+from specdec_t5x.research import demo_data, evaluation, harness, speed
+
+MODES = {'xla': '0', 'packed': '1'}
+
+
+@contextlib.contextmanager
+def kernels(mode: str):
+  old = os.environ.get('SPECDEC_CPU_KERNELS')
+  os.environ['SPECDEC_CPU_KERNELS'] = MODES[mode]
+  try:
+    yield
+  finally:
+    if old is None:
+      os.environ.pop('SPECDEC_CPU_KERNELS')
+    else:
+      os.environ['SPECDEC_CPU_KERNELS'] = old
+
+
+def _in_mode(mode, fn):
+  def run():
+    with kernels(mode):
+      return fn()
+  return run
+
+
+def main(argv=None):
+  ap = harness.parser(__doc__, harness.results_path(__file__, 'cpu_kernels'), repeats=5)
+  ap.add_argument('--rows', type=int, default=40)
+  ap.add_argument('--gamma', type=int, default=3)
+  ap.add_argument('--max_len', type=int, default=64)
+  args = ap.parse_args(argv)
+  target, draft = evaluation.load_model('demo_target'), evaluation.load_model('demo_draft_m')
+  enc, _, _ = demo_data.load_task('ende', args.rows)
+
+  costs = {}
+  for mode in MODES:
+    with kernels(mode):
+      c = speed.costs(target, {'m': draft}, enc, [args.gamma], max_len=args.max_len,
+                      repeats=args.repeats)
+    costs[mode] = {k: v * 1e3 for k, v in c.items()}  # milliseconds
+    print(mode, json.dumps(costs[mode]), flush=True)
+
+  fns = {}
+  for mode in MODES:
+    fns[f'AR {mode}'] = _in_mode(mode, demo_data.row_decoder(target, enc, args.max_len))
+    fns[f'speculative {mode}'] = _in_mode(mode, demo_data.row_decoder(
+        target, enc, args.max_len, draft=draft, gamma=args.gamma))
+  results = demo_data.row_results(harness.interleaved(fns, args.repeats), base='AR xla')
+  for name, r in results.items():
+    print(name, json.dumps(r), flush=True)
+  tokens_per_call = results['speculative packed']['mean_tokens_per_target_call']
+  verify = f't_verify_{args.gamma + 1}'
+  cost_rows = []
+  for mode, c in costs.items():
+    ratio_c, ratio_r = c['t_draft_step_m'] / c['t_target_step'], c[verify] / c['t_target_step']
+    cost_rows.append(dict(mode=mode, **c, c=ratio_c, r=ratio_r,
+                          ideal=tokens_per_call / (args.gamma * ratio_c + ratio_r)))
+  e2e = {mode: results[f'AR {mode}']['seconds'] / results[f'speculative {mode}']['seconds']
+         for mode in MODES}
+
+  report = harness.Report(__file__, args, argv)
+  report.data.update(costs=cost_rows, decodes=results, speculative_speedup=e2e,
+                     ar_speedup_packed_vs_xla=results['AR packed']['speedup_vs_ar'])
+  report.write(report.header(
+      'The packed CPU matmul vs XLA dot (demo family, batch 1, greedy)',
+      f'gamma {args.gamma}, cache for max_decode_length {args.max_len}, encoder inputs at '
+      f'their length bucket; costs are medians of {args.repeats} interleaved repeats of 32 '
+      'calls (timing.call_costs). ideal = tokens per call / (gamma c + r), decoder calls '
+      'only, at the speculative run\'s tokens per call '
+      f'({tokens_per_call:.2f}).') +
+      harness.table(['matmul', 'target step (ms)', 'draft step (ms)', f'verify {args.gamma + 1} (ms)',
+                     'target prefill (ms)', 'draft prefill (ms)', 'c', 'r', 'ideal'],
+                    [[r['mode'], f"{r['t_target_step']:.3f}", f"{r['t_draft_step_m']:.3f}",
+                      f"{r[verify]:.3f}", f"{r['t_prefill_target']:.2f}",
+                      f"{r['t_prefill_draft_m']:.2f}", f"{r['c']:.3f}", f"{r['r']:.2f}",
+                      f"{r['ideal']:.2f}x"] for r in cost_rows], 'lrrrrrrrr') +
+      ['', f'Decoding the first {args.rows} demo EN->DE test sentences one at a time, the four '
+       f'runs interleaved (median of {args.repeats}):', ''] +
+      harness.table(['run', 'seconds', 'speed vs AR xla', 'tokens/call', 'output == AR xla'],
+                    [[name, f"{r['seconds']:.3f}", f"{r['speedup_vs_ar']:.2f}x",
+                      f"{r['mean_tokens_per_target_call']:.2f}", r['equal_to_ar']]
+                     for name, r in results.items()], 'lrrrl') +
+      ['', 'Speculative over AR with the same matmul: ' + ', '.join(
+          f'{mode} {v:.2f}x' for mode, v in e2e.items()) + '.'])
+
+
+if __name__ == '__main__':
+  main()
