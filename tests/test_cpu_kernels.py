@@ -64,8 +64,8 @@ def test_leading_dimensions_and_bad_shapes():
     cpu_kernels.matmul(jnp.asarray(x[..., :16]), cpu_kernels.pack(jnp.asarray(w)), 40)
 
 
-def _tiny(logits_via_embedding):
-  cfg = network.T5Config(vocab_size=300, emb_dim=48, num_heads=2, num_encoder_layers=1,
+def _tiny(logits_via_embedding, dtype='float32'):
+  cfg = network.T5Config(vocab_size=300, dtype=dtype, emb_dim=48, num_heads=2, num_encoder_layers=1,
                          num_decoder_layers=2, head_dim=16, mlp_dim=80,
                          mlp_activations=('gelu', 'linear'), dropout_rate=0.0,
                          logits_via_embedding=logits_via_embedding)
@@ -75,9 +75,10 @@ def _tiny(logits_via_embedding):
   return module, params, enc
 
 
-@pytest.mark.parametrize('tied', [True, False])
-def test_decode_kernels_cover_every_dense_layer_and_agree_with_xla(tied):
-  module, params, enc = _tiny(tied)
+@pytest.mark.parametrize('tied,dtype', [(True, 'float32'), (False, jnp.float32)])
+def test_decode_kernels_cover_every_dense_layer_and_agree_with_xla(tied, dtype):
+  """dtype as gin gives it (a name) or as a type."""
+  module, params, enc = _tiny(tied, dtype)
   packed = network.decode_kernels(params)
   dense = [p for p, _ in jax.tree_util.tree_leaves_with_path(params) if p[-1].key == 'kernel']
   assert len(jax.tree_util.tree_leaves(packed)) == len(dense) + tied

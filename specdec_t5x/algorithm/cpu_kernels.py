@@ -28,6 +28,7 @@ import ctypes
 import fcntl
 import functools
 import hashlib
+import importlib.resources
 import logging
 import os
 import platform
@@ -41,7 +42,7 @@ import jax.numpy as jnp
 COLLECTION = 'cpu_packed'  # the Flax variable collection holding packed weights
 PANEL = 16  # columns per panel (cpu_kernels.cc kPanel)
 _TARGET = 'specdec_panel_matmul'
-_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'cpu_kernels.cc')
+_SOURCE = importlib.resources.files('specdec_t5x.algorithm').joinpath('cpu_kernels.cc')
 _FLAGS = ('-O3', '-mavx2', '-mfma', '-std=c++17', '-shared', '-fPIC')
 
 
@@ -73,8 +74,7 @@ def _locked(path: str):
 
 def build() -> str:
   """Compiles cpu_kernels.cc (once per source, jaxlib and flags) -> the shared library path."""
-  with open(_SOURCE, 'rb') as f:
-    source = f.read()
+  source = _SOURCE.read_bytes()
   cxx = os.environ.get('CXX', 'g++')
   key = hashlib.sha256(source + jax.__version__.encode() + ' '.join((cxx,) + _FLAGS).encode())
   out_dir = _cache_dir()
@@ -85,8 +85,9 @@ def build() -> str:
       fd, tmp = tempfile.mkstemp(suffix='.so', dir=out_dir)
       os.close(fd)
       try:
-        subprocess.run([cxx, *_FLAGS, '-I', jax.ffi.include_dir(), _SOURCE, '-o', tmp],
-                       check=True, capture_output=True, text=True)
+        with importlib.resources.as_file(_SOURCE) as src:
+          subprocess.run([cxx, *_FLAGS, '-I', jax.ffi.include_dir(), str(src), '-o', tmp],
+                         check=True, capture_output=True, text=True)
         os.replace(tmp, path)
       finally:
         if os.path.exists(tmp):

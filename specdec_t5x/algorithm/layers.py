@@ -59,7 +59,8 @@ class Dense(nn.Module):
   def __call__(self, x):
     kernel = _param(self, 'kernel', self.kernel_init, (x.shape[-1], self.features),
                     self.kernel_axes)
-    if self.dtype == jnp.float32 and self.has_variable(cpu_kernels.COLLECTION, 'kernel'):
+    packed = self.has_variable(cpu_kernels.COLLECTION, 'kernel')
+    if packed and jnp.dtype(self.dtype) == jnp.float32:  # dtype may be a name ('float32')
       return cpu_kernels.matmul(x, self.get_variable(cpu_kernels.COLLECTION, 'kernel'),
                                 self.features)
     return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))

@@ -1,0 +1,83 @@
+"""The README's first command, run fresh several times: what each run prints.
+
+  flock /tmp/specdec_bench.lock python scripts/demo_runs.py [--runs=3] [--env KEY=VALUE]
+
+Run from the repository root on an idle machine. Each run is a new process,
+`python -m specdec_t5x.infer --gin_file=configs/demo.gin` into an empty output directory
+(compilation included, as a new user sees it). Records the three lines it prints, its
+metrics (speedup with interval, alpha, BLEU of both runs) and whether the speculative and
+baseline prediction files hold the same predictions, in results/demo_speedup_runs.{json,md}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from specdec_t5x.research import harness
+
+PREFIXES = ('demo_ende:', 'alpha ', 'walltime speedup')
+COMMAND = [sys.executable, '-m', 'specdec_t5x.infer', '--gin_file=configs/demo.gin']
+
+
+def predictions(path: str):
+  with open(path, encoding='utf-8') as f:
+    return [json.loads(line)['prediction'] for line in f]
+
+
+def one_run(env) -> dict:
+  with tempfile.TemporaryDirectory() as out:
+    proc = subprocess.run(COMMAND + [f"--gin.INFER_OUTPUT_DIR='{out}'"], env=env, text=True,
+                          capture_output=True, check=False)
+    if proc.returncode:
+      raise RuntimeError(f'the demo command failed:\n{proc.stderr[-3000:]}')
+    printed = [line for line in proc.stdout.splitlines() if line.startswith(PREFIXES)]
+    with open(os.path.join(out, 'metrics.json'), encoding='utf-8') as f:
+      metrics = json.load(f)
+    spec = predictions(os.path.join(out, metrics['predictions_file']))
+    base = predictions(os.path.join(out, metrics['baseline']['predictions_file']))
+  return dict(printed=printed, walltime_speedup_stats=metrics['walltime_speedup_stats'],
+              alpha_empirical=metrics['alpha_empirical'],
+              mean_tokens_per_target_call=metrics['mean_tokens_per_target_call'],
+              bleu=metrics['metrics'], baseline_bleu=metrics['baseline']['metrics'],
+              identical_predictions=spec == base, num_predictions=len(spec),
+              git_revision=metrics['git_revision'])
+
+
+def main(argv=None):
+  ap = harness.parser(__doc__, harness.results_path(__file__, 'demo_speedup_runs'))
+  ap.add_argument('--runs', type=int, default=3)
+  ap.add_argument('--env', action='append', default=[],
+                  help='KEY=VALUE set for the runs (e.g. SPECDEC_CPU_KERNELS=0)')
+  args = ap.parse_args(argv)
+  env = dict(os.environ, **dict(kv.split('=', 1) for kv in args.env))
+  runs = []
+  for i in range(args.runs):
+    runs.append(one_run(env))
+    print(i + 1, *runs[-1]['printed'], f"identical: {runs[-1]['identical_predictions']}",
+          sep='\n', flush=True)
+  report = harness.Report(__file__, args, argv)
+  report.data.update(demo_command=' '.join(['python'] + COMMAND[1:]), runs=runs)
+  pooled = [r['walltime_speedup_stats']['pooled'] for r in runs]
+  report.write(report.header(
+      'The demo command, fresh runs',
+      f"`{report['demo_command']}`, {args.runs} fresh processes one after another "
+      f"(environment overrides: {args.env or 'none'}). Pooled speedups "
+      f'{min(pooled):.2f}-{max(pooled):.2f}x.') +
+      harness.table(['run', 'printed speedup line', 'alpha', 'BLEU spec / base',
+                     'identical predictions'],
+                    [[i + 1, f"`{r['printed'][-1]}`", f"{r['alpha_empirical']:.3f}",
+                      f"{r['bleu']['bleu']:.2f} / {r['baseline_bleu']['bleu']:.2f}",
+                      f"{r['identical_predictions']} ({r['num_predictions']})"]
+                     for i, r in enumerate(runs)], 'rllll') +
+      ['', 'The speedup is the pooled ratio (total autoregressive seconds / total speculative '
+       'seconds over the batches, interleaved batch by batch) with a bootstrap 95% interval, '
+       'and the median and IQR of the per-batch ratios; batches that compile a new length '
+       'bucket are left out (timing.paired_speedup).'])
+
+
+if __name__ == '__main__':
+  main()
