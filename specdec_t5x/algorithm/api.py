@@ -2,7 +2,7 @@
 
 Binds Flax modules and params into the callbacks that decoding.py loops over, and
 compiles the whole generation (encoders, caches, loop) into one jitted call. On the CPU
-backend the decoder's float32 weights are packed once per params tree for cpu_kernels'
+backend the model's float32 weights are packed once per params tree for cpu_kernels'
 matmul (`decode_variables`).
 """
 

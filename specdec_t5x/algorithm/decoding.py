@@ -12,7 +12,9 @@ generated tokens feeds seq[n + 1] (= y_{n-1}, or BOS) at position n next.
 Speculative step (Algorithm 1 of Leviathan et al., ICML 2023), per row with n tokens so far:
   draft:  single-token calls give q_1..q_g; x_i ~ q_i. When the previous block was fully
           accepted, its last draft x_g was never fed to the draft, so the first call takes
-          2 tokens (seq[n], seq[n+1]) at positions (n-1, n) instead (a lax.cond).
+          2 tokens (seq[n], seq[n+1]) at positions (n-1, n) instead (a lax.cond). With the
+          fixed gamma policy the gamma calls are unrolled and the first always takes the
+          2 tokens (no loop, no branch).
   verify: ONE target call on (y_{n-1}, x_1..x_gamma) at positions n..n+gamma: p_1..p_{gamma+1}.
   accept: n_acc leading drafts, then one token from the residual or the bonus p.
 Caches roll back for free: the next call writes from the row's new n, and stale slots lie
@@ -90,8 +92,6 @@ def _init_state(batch, max_len, extra, rng, target_cache, draft_cache, gamma):
 def _nonfinite(logits) -> jax.Array:
   """logits [b, ..., V] -> [b] bool: the row holds a NaN or an infinity."""
   return ~jnp.all(jnp.isfinite(logits), axis=tuple(range(1, logits.ndim)))
-
-
 
 
 def _emit(state: DecodeState, candidates, num_new, max_len: int, eos_id: int):
