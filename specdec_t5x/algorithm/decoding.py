@@ -169,6 +169,13 @@ def _confidence(logits, q):
   return jnp.max(probs, axis=-1)
 
 
+def _draft_refeed(draft_fn: ExtendFn, s: DecodeState):
+  """The first draft call fed y_{n-2} at n - 1 with y_{n-1} at n (the 2-token catch-up):
+  -> (logits [b, V] for position n + 1, draft cache)."""
+  logits, cache = draft_fn(s.draft_cache, rows.window(s.seq, s.length, 2), s.length - 1)
+  return logits[:, 1], cache
+
+
 def _draft_block(draft_fn: ExtendFn, s: DecodeState, keys, num_steps, limit, gamma: int,
                  cfg: sampling.SamplingConfig, threshold: Optional[float] = None):
   """Drafts up to `num_steps` (<= gamma, traced) tokens per row.
@@ -182,8 +189,7 @@ def _draft_block(draft_fn: ExtendFn, s: DecodeState, keys, num_steps, limit, gam
   drafts made for each row before it stopped, bad [b]: a draft call gave NaN/inf logits).
   """
   def catch_up(_):  # re-feed y_{n-2} at n - 1, left unwritten by a fully accepted block
-    logits, cache = draft_fn(s.draft_cache, rows.window(s.seq, s.length, 2), s.length - 1)
-    return logits[:, 1], cache
+    return _draft_refeed(draft_fn, s)
 
   def plain(_):
     logits, cache = draft_fn(s.draft_cache, rows.window(s.seq, s.length + 1, 1), s.length)
@@ -234,8 +240,7 @@ def _draft_unrolled(draft_fn: ExtendFn, s: DecodeState, keys, num_steps, gamma: 
   of position -1), so the draft cache never falls behind. Near max_len the calls past
   `num_steps` draft tokens that `limit` never lets count.
   """
-  logits, cache = draft_fn(s.draft_cache, rows.window(s.seq, s.length, 2), s.length - 1)
-  logits = logits[:, 1]
+  logits, cache = _draft_refeed(draft_fn, s)
   bad = _nonfinite(logits)
   xs, qs = [], []
   for i in range(gamma):

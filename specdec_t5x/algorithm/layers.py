@@ -158,27 +158,25 @@ class Attention(nn.Module):
   def project_kv(self, x):
     return self._split(self.key(x)), self._split(self.value(x))
 
-  def attend(self, q, k, v, bias, deterministic: bool = True):
-    """q [b, q, h, d], k/v [b, k, h, d], bias [b or 1, h or 1, q, k] (mask folded in)."""
+  def _attend(self, q, k, v, bias, logits_eq: str, out_eq: str, deterministic: bool):
+    """The attention product for keys/values in either layout (the two einsums)."""
     if self.float32_logits:
       q, k = q.astype(jnp.float32), k.astype(jnp.float32)
-    logits = jnp.einsum('bqhd,bkhd->bhqk', q, k)  # [b, h, q, k]
+    logits = jnp.einsum(logits_eq, q, k)  # [b, h, q, k]
     logits = logits + bias.astype(logits.dtype)
     weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
     weights = self.dropout(weights, deterministic=deterministic)
-    out = jnp.einsum('bhqk,bkhd->bqhd', weights, v)
+    out = jnp.einsum(out_eq, weights, v)  # [b, q, h, d]
     return self.out(out.reshape(out.shape[:2] + (self.num_heads * self.head_dim,)))
+
+  def attend(self, q, k, v, bias, deterministic: bool = True):
+    """q [b, q, h, d], k/v [b, k, h, d], bias [b or 1, h or 1, q, k] (mask folded in)."""
+    return self._attend(q, k, v, bias, 'bqhd,bkhd->bhqk', 'bhqk,bkhd->bqhd', deterministic)
 
   def attend_cached(self, q, k_t, v, bias):
     """`attend` over keys/values stored in the decode cache's layouts: q [b, q, h, d],
     k_t [b, h, d, k], v [b, h, k, d], so that neither needs a transpose on each call."""
-    if self.float32_logits:
-      q, k_t = q.astype(jnp.float32), k_t.astype(jnp.float32)
-    logits = jnp.einsum('bqhd,bhdk->bhqk', q, k_t)  # [b, h, q, k]
-    logits = logits + bias.astype(logits.dtype)
-    weights = jax.nn.softmax(logits, axis=-1).astype(self.dtype)
-    out = jnp.einsum('bhqk,bhkd->bqhd', weights, v)
-    return self.out(out.reshape(out.shape[:2] + (self.num_heads * self.head_dim,)))
+    return self._attend(q, k_t, v, bias, 'bqhd,bhdk->bhqk', 'bhqk,bhkd->bqhd', True)
 
   def __call__(self, inputs_q, inputs_kv, bias, deterministic: bool = True):
     k, v = self.project_kv(inputs_kv)
