@@ -58,7 +58,7 @@ def decode_variables(module, params) -> dict:
   leaves = jax.tree_util.tree_leaves(params)
   if any(_is_traced(x) for x in leaves):  # generate under an outer jit: pack in its trace
     return dict(variables, **{cpu_kernels.COLLECTION: network.decode_kernels(params)})
-  key = (_module_key(module), tuple(id(x) for x in leaves))
+  key = tuple(id(x) for x in leaves)  # packing depends on the params alone
   hit = _PACKED.get(key)
   if hit is None or any(ref() is not x for ref, x in zip(hit[0], leaves)):
     try:

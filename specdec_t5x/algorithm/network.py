@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
+from flax import traverse_util
 import flax.linen as nn
 import jax.numpy as jnp
 
@@ -342,23 +343,14 @@ def decode_kernels(params) -> dict:
   `init_cache` and `extend`; api.generate does, once per params (cpu_kernels.enabled()).
   The teacher-forced `__call__` (training, scoring, T5X) never gets them: T5X's computation.
   """
-  def walk(tree):
-    out = {}
-    for name, value in tree.items():
-      if hasattr(value, 'items'):
-        sub = walk(value)
-        if sub:
-          out[name] = sub
-      elif name == 'kernel' and value.ndim == 2 and value.dtype == jnp.float32:
-        out[name] = cpu_kernels.pack(value)
-    return out
-
-  packed = walk({k: v for k, v in params.items() if k != 'token_embedder'})
-  embedding = params.get('token_embedder', {}).get('embedding')
-  tied = 'logits_dense' not in params.get('decoder', {})  # else logits_dense is packed above
+  flat = traverse_util.flatten_dict(params)
+  packed = {path: cpu_kernels.pack(w) for path, w in flat.items()
+            if path[-1] == 'kernel' and w.ndim == 2 and w.dtype == jnp.float32}
+  embedding = flat.get(('token_embedder', 'embedding'))
+  tied = not any(path[:2] == ('decoder', 'logits_dense') for path in flat)  # else packed above
   if tied and embedding is not None and embedding.dtype == jnp.float32:
-    packed['token_embedder'] = {'embedding': cpu_kernels.pack(embedding.T)}
-  return packed
+    packed[('token_embedder', 'embedding')] = cpu_kernels.pack(embedding.T)
+  return traverse_util.unflatten_dict(packed)
 
 
 # T5 v1.1 sizes (T5X's t5x/examples/t5/t5_1_1/*.gin): emb_dim, num_heads, layers (each stack), mlp_dim.

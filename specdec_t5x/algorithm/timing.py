@@ -82,8 +82,9 @@ def call_costs(specs: Dict[str, tuple], enc, num_calls: int = 32, repeats: int =
     fns[name] = (fn, variables)
   diffs: Dict[str, List[float]] = {name: [] for name in specs}
   for _ in range(repeats):
-    for name, (fn, params) in fns.items():
-      diffs[name].append(wall(lambda: fn(params, enc, num_calls)) - wall(lambda: fn(params, enc, 0)))
+    for name, (fn, variables) in fns.items():
+      diffs[name].append(wall(lambda: fn(variables, enc, num_calls))
+                         - wall(lambda: fn(variables, enc, 0)))
   return {name: max(statistics.median(d), 1e-9) / num_calls for name, d in diffs.items()}
 
 
