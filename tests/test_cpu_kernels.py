@@ -116,6 +116,20 @@ def test_generate_uses_the_kernels_once_per_params_and_matches_xla(monkeypatch):
   np.testing.assert_array_equal(ar_fast.tokens, plain.tokens)
 
 
+def test_packing_inside_a_trace_is_never_cached():
+  """Concrete params first packed inside an outer jit (T5X's infer calls the model so) must
+  not leave that trace's values in the cache for the next call outside it."""
+  module, params, enc = _tiny(True)
+  params = jax.tree_util.tree_map(jnp.array, params)  # fresh leaves: nothing cached yet
+  inside = jax.jit(lambda e: api.generate((module, params), e, draft=(module, params),
+                                          gamma=2, max_decode_length=6).tokens)(enc)
+  outside = api.generate((module, params), enc, draft=(module, params), gamma=2,
+                         max_decode_length=6)
+  np.testing.assert_array_equal(inside, outside.tokens)
+  packed = api.decode_variables(module, params)[cpu_kernels.COLLECTION]
+  assert not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(packed))
+
+
 def test_without_a_compiler_decoding_falls_back_to_xla(tmp_path):
   code = (
       'import jax, jax.numpy as jnp, numpy as np\n'

@@ -51,21 +51,27 @@ _PACKED_KEEP = 4  # params trees whose packed kernels stay cached
 def decode_variables(module, params) -> dict:
   """The variables the decode path applies `module` with: {'params': params}, plus, for a
   network.Transformer on the CPU backend (cpu_kernels.enabled()), its packed decode kernels
-  (network.decode_kernels) -- packed once per params tree and cached while it lives."""
+  (network.decode_kernels) -- packed once per params tree and cached while it lives.
+
+  Only concrete packed kernels are cached. Called inside an outer trace (generate under
+  jit/pjit, as T5X's infer calls the model), packing is staged into that trace even for
+  concrete params, and its values must not outlive it: they are packed per call there.
+  """
   variables = {'params': params}
   if not isinstance(module, network.Transformer) or not cpu_kernels.enabled():
     return variables
   leaves = jax.tree_util.tree_leaves(params)
-  if any(_is_traced(x) for x in leaves):  # generate under an outer jit: pack in its trace
-    return dict(variables, **{cpu_kernels.COLLECTION: network.decode_kernels(params)})
   key = tuple(id(x) for x in leaves)  # packing depends on the params alone
   hit = _PACKED.get(key)
   if hit is None or any(ref() is not x for ref, x in zip(hit[0], leaves)):
+    packed = _pack(params)
+    if any(_is_traced(x) for x in jax.tree_util.tree_leaves(packed)):
+      return dict(variables, **{cpu_kernels.COLLECTION: packed})  # inside a trace
     try:
       refs = [weakref.ref(x) for x in leaves]
     except TypeError:  # leaves without weak references: pack every call
-      return dict(variables, **{cpu_kernels.COLLECTION: _pack(params)})
-    hit = _PACKED[key] = (refs, _pack(params))
+      return dict(variables, **{cpu_kernels.COLLECTION: packed})
+    hit = _PACKED[key] = (refs, packed)
     while len(_PACKED) > _PACKED_KEEP:
       _PACKED.popitem(last=False)
   _PACKED.move_to_end(key)
