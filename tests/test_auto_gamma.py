@@ -14,6 +14,7 @@ import pytest
 from conftest import random_inputs
 
 from specdec_t5x.algorithm import api, auto_gamma, theory, timing
+from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.integration import infer, models, tasks
 
 ENC = random_inputs(1, 16, 40, seed=5, min_len=8)
@@ -62,20 +63,35 @@ def test_measured_choice_is_consistent_with_its_costs(target_and_draft):
 def test_warmup_alpha_of_a_perfect_draft_is_one(target_and_draft):
   target, _ = target_and_draft
   alpha = auto_gamma.warmup_alpha(target, target, ENC, max_len=10, gamma=4, eos_id=-1,
-                                  rng=jax.random.PRNGKey(0), temperature=0.0)
+                                  rng=jax.random.PRNGKey(0), config=DecodeConfig())
   assert alpha > 0.99  # 5 tokens per target call: every draft accepted
+
+
+def test_warmup_plans_with_the_runs_full_configuration(target_and_draft):
+  """gamma='auto' fits alpha to a warm-up with the run's own lenience, verifier and policy:
+  a lenient run accepts more, so it plans with a larger alpha than the exact one."""
+  target, draft = target_and_draft
+  enc = random_inputs(4, 9, 40, seed=3)
+  alpha = lambda **kw: auto_gamma.warmup_alpha(
+      target, draft, enc, max_len=10, eos_id=-1, rng=jax.random.PRNGKey(0),
+      config=DecodeConfig(gamma='auto', temperature=1.0, **kw))
+  exact, lossy = alpha(), alpha(lenience=0.05)
+  assert 0.0 < exact < lossy <= 1.0
+  # An adaptive policy drafts fewer tokens per step: alpha counts the lengths it drafted.
+  assert alpha(gamma_policy='running_alpha') == pytest.approx(exact, abs=0.25)
 
 
 def test_auto_model_decodes_the_greedy_tokens(monkeypatch, target_and_draft):
   monkeypatch.setattr(timing, 'call_costs', _stub_costs(1.0, 0.22, 0.13))
   (t_module, t_params), (d_module, d_params) = target_and_draft
-  model = models.StandaloneSpeculativeModel(t_module, draft_module=d_module,
-                                            draft_params=d_params, gamma='auto',
-                                            gamma_alpha=0.5, max_decode_length=10)
+  model = models.StandaloneSpeculativeModel(
+      t_module, draft_module=d_module, draft_params=d_params, max_decode_length=10,
+      decode_config=DecodeConfig(gamma='auto', gamma_alpha=0.5))
   assert model.describe()['gamma'] == 'auto' and model.describe()['gamma_alpha'] == 0.5
   enc = random_inputs(2, 16, 40, seed=6, min_len=8)
   tokens, _, _ = model.predict_batch_with_stats(t_params, {'encoder_input_tokens': enc})
-  assert model.gamma == model.gamma_choice['gamma'] == 1  # theory: 1.11x at 1, 1.03x at 2
+  assert model.run_config.gamma == model.gamma_choice['gamma'] == 1  # theory: 1.11x at 1
+  assert model.decode_config.gamma == 'auto' and model.run_config.gamma_alpha == 0.5
   assert model.gamma_choice['alpha'] == 0.5 and model.gamma_choice['alpha_source'] == 'given'
   assert model.describe()['gamma'] == 'auto'  # the setting, stable for resumed runs
   ar = api.generate((t_module, t_params), enc, max_decode_length=10)
@@ -89,7 +105,7 @@ def test_bad_settings_raise(target_and_draft, kw, pattern):
   (t_module, _), (d_module, d_params) = target_and_draft
   with pytest.raises(ValueError, match=pattern):
     models.StandaloneSpeculativeModel(t_module, draft_module=d_module, draft_params=d_params,
-                                      **kw)
+                                      decode_config=DecodeConfig(**kw))
 
 
 def test_infer_with_auto_gamma(monkeypatch, tmp_path, capsys):
@@ -116,9 +132,9 @@ def test_infer_with_auto_gamma(monkeypatch, tmp_path, capsys):
 def test_auto_gamma_needs_concrete_inputs(target_and_draft):
   """Under a tracing runner (T5X's infer jits the model) the error says what to do."""
   (t_module, t_params), (d_module, d_params) = target_and_draft
-  model = models.StandaloneSpeculativeModel(t_module, draft_module=d_module,
-                                            draft_params=d_params, gamma='auto',
-                                            gamma_alpha=0.5, max_decode_length=4)
+  model = models.StandaloneSpeculativeModel(
+      t_module, draft_module=d_module, draft_params=d_params, max_decode_length=4,
+      decode_config=DecodeConfig(gamma='auto', gamma_alpha=0.5))
   decode = jax.jit(lambda enc: model.predict_batch_with_stats(
       t_params, {'encoder_input_tokens': enc})[0])
   with pytest.raises(ValueError, match='concrete inputs.*integer gamma'):

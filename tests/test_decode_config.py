@@ -119,18 +119,21 @@ def test_summarize_one_function_for_outputs_and_totals(target_and_draft):
   assert stats.summarize({})['alpha_empirical'] is None
 
 
-def test_model_takes_one_config_and_keyword_overrides(target_and_draft):
+def test_model_holds_one_config(target_and_draft):
+  """The model keeps the DecodeConfig it is given and nothing else: no per-field copies,
+  keywords or read-back properties; the defaults are DecodeConfig's."""
   (t_module, _), (d_module, d_params) = target_and_draft
   config = DecodeConfig(gamma=5, temperature=1.0, gamma_policy='confidence')
   model = models.StandaloneSpeculativeModel(t_module, draft_module=d_module,
                                             draft_params=d_params, decode_config=config)
-  assert model.decode_config is config and model.gamma == 5 and model.temperature == 1.0
-  overridden = models.StandaloneSpeculativeModel(
-      t_module, draft_module=d_module, draft_params=d_params, decode_config=config, gamma=2)
-  assert overridden.decode_config == config.replace(gamma=2)
+  assert model.decode_config is config and model.run_config is config
+  for name in ('gamma', 'temperature', 'topk', 'topp', 'lenience', 'verifier', 'gamma_alpha'):
+    assert not hasattr(model, name), name
   assert models.StandaloneSpeculativeModel(t_module).decode_config == DecodeConfig()
-  with pytest.raises(ValueError, match="verifier must be 'token' or 'block'"):
-    models.StandaloneSpeculativeModel(t_module, verifier='tree')
+  with pytest.raises(TypeError, match='Unknown arguments'):
+    models.StandaloneSpeculativeModel(t_module, gamma=2)
+  with pytest.raises(TypeError, match='must be a DecodeConfig'):
+    models.StandaloneSpeculativeModel(t_module, decode_config={'gamma': 2})
 
 
 def _model(*bindings):
@@ -144,9 +147,9 @@ def test_every_field_is_bindable_from_gin():
   assert model.decode_config == DecodeConfig(gamma=4)
   model = _model("GAMMA_POLICY = 'running_alpha'", 'TOPK = 3', 'TEMPERATURE = 0.5')
   assert model.decode_config.gamma_policy == GammaPolicy('running_alpha')
-  assert (model.topk, model.temperature) == (3, 0.5)
+  assert (model.decode_config.topk, model.decode_config.temperature) == (3, 0.5)
   model = _model("config.GammaPolicy.kind = 'confidence'", 'config.GammaPolicy.threshold = 0.3',
                  'config.DecodeConfig.gamma_alpha = 0.25', "GAMMA = 'auto'")
   assert model.decode_config.gamma_policy == GammaPolicy('confidence', threshold=0.3)
-  assert model.decode_config.gamma_alpha == 0.25 and model.gamma_setting == 'auto'
+  assert model.decode_config.gamma_alpha == 0.25 and model.decode_config.gamma == 'auto'
   assert model.describe()['gamma_policy']['threshold'] == 0.3

@@ -9,7 +9,7 @@ matmul (`decode_variables`).
 from __future__ import annotations
 
 import collections
-from typing import Any, Optional, Tuple, Union
+from typing import Any, Optional, Tuple
 import weakref
 
 import flax.struct
@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_t5x.algorithm import cpu_kernels, decoding, network
-from specdec_t5x.algorithm.config import DecodeConfig, GammaPolicy
+from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.algorithm.stats import DecodeStats
 
 ModelAndParams = Tuple[Any, Any]  # (flax module with encode/init_cache/extend, params)
@@ -42,6 +42,14 @@ def _module_key(module) -> Any:
 def _vocab_size(module) -> Optional[int]:
   config = getattr(module, 'config', None)
   return getattr(config, 'vocab_size', getattr(module, 'vocab_size', None))
+
+
+def check_vocab_sizes(target_module, draft_module) -> None:
+  """Raises unless target and draft have the same vocabulary size (where both say it)."""
+  tv, dv = _vocab_size(target_module), _vocab_size(draft_module)
+  if tv is not None and dv is not None and tv != dv:
+    raise ValueError(f'Draft and target vocabularies differ: target vocab_size={tv}, '
+                     f'draft vocab_size={dv}. Speculative decoding needs one tokenizer.')
 
 
 _PACKED: 'collections.OrderedDict[Any, Tuple[list, dict]]' = collections.OrderedDict()
@@ -103,7 +111,7 @@ def _compiled(target_module, draft_module, *, max_len: int, config: DecodeConfig
   if key in _COMPILED:
     return _COMPILED[key]
 
-  def run(target_vars, draft_vars, encoder_tokens, rng, eos_id):
+  def run(target_vars, draft_vars, encoder_tokens, rng, eos_id, prompt):
     batch = encoder_tokens.shape[0]
     # Positions written: up to max_len + gamma (finished rows keep computing in place).
     cache_len = max_len + (config.gamma if draft_module is not None else 0) + 1
@@ -111,11 +119,12 @@ def _compiled(target_module, draft_module, *, max_len: int, config: DecodeConfig
     target_fn = _extend_fn(target_module, target_vars)
     if draft_module is None:
       return decoding.autoregressive_decode(target_fn, target_cache, rng, batch=batch,
-                                            max_len=max_len, config=config, eos_id=eos_id)
+                                            max_len=max_len, config=config, eos_id=eos_id,
+                                            prompt=prompt)
     draft_cache = _prepare(draft_module, draft_vars, encoder_tokens, cache_len)
     return decoding.speculative_decode(
         target_fn, _extend_fn(draft_module, draft_vars), target_cache, draft_cache, rng,
-        batch=batch, max_len=max_len, config=config, eos_id=eos_id)
+        batch=batch, max_len=max_len, config=config, eos_id=eos_id, prompt=prompt)
 
   _COMPILED[key] = jax.jit(run)
   return _COMPILED[key]
@@ -155,6 +164,15 @@ def _check_encoder_inputs(x, vocab_size: Optional[int]) -> jax.Array:
   return jnp.asarray(arr, jnp.int32)
 
 
+def _check_prompt(prompt, batch: int, max_len: int) -> jax.Array:
+  """decoder_prompt [batch, P <= max_len] integer ids -> int32."""
+  if (np.ndim(prompt) != 2 or np.shape(prompt)[0] != batch or np.shape(prompt)[1] > max_len
+      or not jnp.issubdtype(jnp.result_type(prompt), jnp.integer)):
+    raise ValueError(f'decoder_prompt must be [batch={batch}, P <= max_decode_length='
+                     f'{max_len}] integer ids, got shape {np.shape(prompt)}.')
+  return jnp.asarray(prompt, jnp.int32)
+
+
 def _check_finite(stats: DecodeStats) -> None:
   """Raises if a decoding row met NaN/inf logits (its tokens would be garbage/padding)."""
   for who, key, hint in (
@@ -171,40 +189,34 @@ def _check_finite(stats: DecodeStats) -> None:
           f'{rows.tolist()[:10]}; no tokens are returned for them. Check {hint}.')
 
 
-_SETTINGS = dict(gamma=4, temperature=0.0, topk=0, topp=0.0, lenience=1.0, verifier='token',
-                 gamma_policy='fixed')  # generate's defaults, DecodeConfig's fields
-
-
 def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[ModelAndParams] = None,
-             gamma: int = 4, temperature: float = 0.0, topk: int = 0, topp: float = 0.0,
              max_decode_length: int, rng: Optional[jax.Array] = None, eos_id: int = 1,
-             lenience: float = 1.0, verifier: str = 'token',
-             gamma_policy: Union[str, GammaPolicy] = 'fixed',
-             config: Optional[DecodeConfig] = None) -> GenerateOutput:
+             config: Optional[DecodeConfig] = None, decoder_prompt=None,
+             **settings: Any) -> GenerateOutput:
   """Decodes with the target, speculatively when a draft is given (exact for lenience=1).
 
-  The decode settings (gamma ... gamma_policy) are DecodeConfig's fields: give them one
-  by one, or all at once as `config` (then leave the others at their defaults).
+  The decode settings are DecodeConfig's fields (config.py holds their defaults and
+  meaning): give them one by one as keywords (gamma=4, temperature=0.0, topk, topp,
+  lenience, verifier, gamma_policy) or all at once as `config`, not both.
 
   Args:
     target: (module, params) of the target model (network.Transformer or compatible).
     encoder_input_tokens: [batch, enc_len] int token ids, 0 = padding.
     draft: (module, params) of the draft model; None gives autoregressive decoding.
-    gamma: draft tokens per speculative step (>= 1).
-    temperature: 0 = greedy; otherwise sampling temperature (same for target and draft).
-    topk: keep the k most likely tokens (0 = off).
-    topp: keep the nucleus of mass topp (0 = off). At most one of topk/topp.
-    max_decode_length: number of decoder tokens to produce at most (>= 1).
+    max_decode_length: number of decoder tokens to produce at most (>= 1), prompt included.
     rng: PRNG key; each batch row gets its own stream. Defaults to PRNGKey(0).
     eos_id: end-of-sequence id; a row stops after emitting it.
-    lenience: l in (0, 1]; l < 1 is the paper's LOSSY relaxation (output distribution
-      changes). 1.0, the default, is exact.
-    verifier: 'token' (Algorithm 1) or 'block' (block verification, Sun et al. 2025:
-      exact, never fewer accepted tokens in expectation). Greedy decoding is identical.
-    gamma_policy: 'fixed' (default: gamma drafts every step), 'confidence' or
-      'running_alpha' (adaptive draft lengths up to gamma, decided from the draft's q and
-      past acceptances only, so still exact), or a GammaPolicy with its settings.
-    config: a DecodeConfig holding all of the settings above (gamma an integer).
+    config: a DecodeConfig (gamma an integer).
+    decoder_prompt: optional [batch, P] int ids (P <= max_decode_length): each row's
+      decoder prompt, its leading non-zero tokens; the row continues after them (the
+      returned tokens start with the prompt, which the statistics do not count).
+    **settings: DecodeConfig's fields, instead of `config`. gamma: draft tokens per
+      step (>= 1); temperature: 0 = greedy, else the sampling temperature of target and
+      draft alike; topk / topp: keep the k most likely tokens / the nucleus of mass topp
+      (0 = off); lenience: l in (0, 1], l < 1 the paper's LOSSY relaxation; verifier:
+      'token' (Algorithm 1) or 'block' (Sun et al. 2025, also exact); gamma_policy:
+      'fixed', 'confidence', 'running_alpha' or a GammaPolicy (adaptive draft lengths,
+      still exact).
 
   Returns:
     GenerateOutput with `.tokens` [batch, max_decode_length] and `.stats`, a DecodeStats
@@ -220,17 +232,13 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
     FloatingPointError: the target or draft produced NaN/inf logits for a decoding row
       (e.g. NaN params). Checked after the call, so only when outputs are concrete.
   """
-  given = dict(gamma=gamma, temperature=temperature, topk=topk, topp=topp, lenience=lenience,
-               verifier=verifier, gamma_policy=gamma_policy)
   if config is None:
-    config = DecodeConfig(**given)
-  else:
-    changed = sorted(k for k, v in given.items() if v is not _SETTINGS[k] and v != _SETTINGS[k])
-    if changed:
-      raise ValueError(f'Give the decode settings either as `config` or one by one, not both '
-                       f'(also given: {changed}).')
-    if not isinstance(config, DecodeConfig):
-      raise ValueError(f'config must be a DecodeConfig, got {config!r}.')
+    config = DecodeConfig(**settings)
+  elif settings:
+    raise ValueError(f'Give the decode settings either as `config` or one by one, not both '
+                     f'(also given: {sorted(settings)}).')
+  elif not isinstance(config, DecodeConfig):
+    raise ValueError(f'config must be a DecodeConfig, got {config!r}.')
   if eos_id is None or isinstance(eos_id, bool) or int(eos_id) != eos_id:
     raise ValueError(f'eos_id must be an integer token id (T5: 1; -1 = never stop), '
                      f'got {eos_id!r}.')
@@ -243,14 +251,13 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
     if config.gamma == 'auto':
       raise ValueError("gamma='auto' is chosen by the T5X model from measured call costs "
                        '(models.py, auto_gamma.py); generate needs an integer gamma.')
-    tv, dv = _vocab_size(target_module), _vocab_size(draft_module)
-    if tv is not None and dv is not None and tv != dv:
-      raise ValueError(f'Draft and target vocabularies differ: target vocab_size={tv}, '
-                       f'draft vocab_size={dv}. Speculative decoding needs one tokenizer.')
+    check_vocab_sizes(target_module, draft_module)
   rng = jax.random.PRNGKey(0) if rng is None else rng
   fn = _compiled(target_module, draft_module, max_len=int(max_decode_length), config=config)
   draft_vars = None if draft_module is None else decode_variables(draft_module, draft_params)
+  prompt = None if decoder_prompt is None else _check_prompt(decoder_prompt, tokens.shape[0],
+                                                             int(max_decode_length))
   out_tokens, stats = fn(decode_variables(target_module, target_params), draft_vars, tokens, rng,
-                         jnp.int32(eos_id))
+                         jnp.int32(eos_id), prompt)
   _check_finite(stats)
   return GenerateOutput(out_tokens, stats)

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from specdec_t5x.algorithm import api, theory, timing
+from specdec_t5x.algorithm.config import DecodeConfig
 
 ModelAndParams = Tuple[Any, Any]
 VERIFY_GAMMAS = (1, 2, 4, 8)  # verify costs measured at these gammas, interpolated between
@@ -63,14 +64,26 @@ def choose_gamma(target: ModelAndParams, draft: ModelAndParams, enc: Any, *, alp
 
 
 def warmup_alpha(target: ModelAndParams, draft: ModelAndParams, enc: Any, *, max_len: int,
-                 rng: jax.Array, eos_id: int, gamma: int = WARMUP_GAMMA,
-                 **sampling: Any) -> float:
+                 rng: jax.Array, eos_id: int, config: DecodeConfig,
+                 gamma: int = WARMUP_GAMMA) -> float:
   """alpha fitted to the tokens per target call of one speculative decode of `enc`.
 
-  `sampling`: temperature, topk, topp of the decode to plan for (api.generate's).
+  `config`: the run's DecodeConfig (sampling, verifier, lenience, gamma policy), decoded
+  with gamma `gamma`. The i.i.d. alpha is the one whose expected tokens per step, averaged
+  over the draft lengths the decode made (draft_length_histogram: the policy's and those
+  cut short near max_len), equals the measured tokens per target call.
   """
-  out = api.generate(target, enc, draft=draft, gamma=gamma, max_decode_length=max_len,
-                     rng=rng, eos_id=eos_id, **sampling)
+  out = api.generate(target, enc, draft=draft, max_decode_length=max_len, rng=rng,
+                     eos_id=eos_id, config=config.replace(gamma=gamma))
   generated = float(np.sum(out.stats['generated_tokens']))
   calls = float(np.sum(out.stats['target_calls']))
-  return theory.alpha_from_tokens_per_call(generated / max(calls, 1.0), gamma)
+  lengths = np.asarray(out.stats['draft_length_histogram'], np.float64)
+  weights = lengths / max(lengths.sum(), 1.0)
+  expected = lambda a: sum(w * (theory.expected_tokens_per_step(a, g) if g else 1.0)
+                           for g, w in enumerate(weights) if w)
+  measured = generated / max(calls, 1.0)
+  lo, hi = 0.0, 1.0
+  for _ in range(60):  # expected() increases with alpha
+    mid = (lo + hi) / 2
+    lo, hi = (mid, hi) if expected(mid) < measured else (lo, mid)
+  return (lo + hi) / 2

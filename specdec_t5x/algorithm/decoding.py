@@ -89,6 +89,24 @@ def _init_state(batch, max_len, extra, rng, target_cache, draft_cache, gamma):
           nonfinite_draft_logits=jnp.zeros((batch,), bool)))
 
 
+def _with_prompt(state: DecodeState, prompt, max_len: int, target_fn: ExtendFn,
+                 draft_fn: Optional[ExtendFn]) -> DecodeState:
+  """Starts each row after its decoder prompt: the leading non-zero tokens of `prompt`
+  [b, P] become its first tokens, and one call per model writes BOS and them into the
+  caches (beyond a row's prompt it writes slots that are rewritten before being read)."""
+  p = prompt.shape[1]
+  seq = state.seq.at[:, 2:2 + p].set(prompt.astype(jnp.int32))
+  length = jnp.minimum(jnp.sum(prompt != 0, axis=1), max_len).astype(jnp.int32)  # [b]
+  if p == 0:
+    return state
+  fed, start = seq[:, 1:1 + p], jnp.zeros_like(length)  # BOS, prompt[:, :-1] at 0..P-1
+  target_cache = target_fn(state.target_cache, fed, start)[1]
+  draft_cache = state.draft_cache if draft_fn is None else draft_fn(state.draft_cache, fed,
+                                                                    start)[1]
+  return state.replace(seq=seq, length=length, done=length >= max_len,
+                       target_cache=target_cache, draft_cache=draft_cache)
+
+
 def _nonfinite(logits) -> jax.Array:
   """logits [b, ..., V] -> [b] bool: the row holds a NaN or an infinity."""
   return ~jnp.all(jnp.isfinite(logits), axis=tuple(range(1, logits.ndim)))
@@ -114,14 +132,18 @@ def _emit(state: DecodeState, candidates, num_new, max_len: int, eos_id: int):
   return state.replace(seq=seq, length=length, done=done)
 
 
-def _finish(state: DecodeState, max_len: int) -> Tuple[jax.Array, DecodeStats]:
-  """-> tokens [b, max_len] without BOS, zeros after the first EOS, and the DecodeStats.
+def _finish(state: DecodeState, max_len: int, prompt) -> Tuple[jax.Array, DecodeStats]:
+  """-> tokens [b, max_len] without BOS (prompt first), zeros after the first EOS, and
+  the DecodeStats (generated_tokens: the tokens after the prompt).
 
   `generate` raises when a nonfinite_* flag is set rather than return such rows.
   """
   tokens = state.seq[:, 2:2 + max_len]
   tokens = jnp.where(jnp.arange(max_len)[None, :] < state.length[:, None], tokens, 0)
-  return tokens, state.stats.replace(generated_tokens=state.length)
+  generated = state.length
+  if prompt is not None:
+    generated = generated - jnp.minimum(jnp.sum(prompt != 0, axis=1), max_len).astype(jnp.int32)
+  return tokens, state.stats.replace(generated_tokens=generated)
 
 
 def _split_keys(rng, num: int, cfg: sampling.SamplingConfig):
@@ -142,11 +164,15 @@ def _propose(logits, keys, i, cfg: sampling.SamplingConfig):
 
 
 def autoregressive_decode(target_fn: ExtendFn, target_cache, rng, *, batch: int, max_len: int,
-                          config: DecodeConfig, eos_id: int) -> Tuple[jax.Array, DecodeStats]:
+                          config: DecodeConfig, eos_id: int,
+                          prompt=None) -> Tuple[jax.Array, DecodeStats]:
   """Baseline: one target call per token, sampled as `config.sampling` says (gamma and
-  the verifier settings are unused). Returns (tokens [b, max_len], stats)."""
+  the verifier settings are unused). `prompt` [b, P] (optional): each row's decoder
+  prompt, its leading non-zero tokens. Returns (tokens [b, max_len], stats)."""
   cfg = config.sampling
   state = _init_state(batch, max_len, 1, rng, target_cache, None, 0)
+  if prompt is not None:
+    state = _with_prompt(state, prompt, max_len, target_fn, None)
 
   def body(s: DecodeState):
     rng, keys = _split_keys(s.rng, 1, cfg)
@@ -160,7 +186,7 @@ def autoregressive_decode(target_fn: ExtendFn, target_cache, rng, *, batch: int,
     return _emit(s, token[:, None], jnp.ones((batch,), jnp.int32), max_len, eos_id)
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-  return _finish(state, max_len)
+  return _finish(state, max_len, prompt)
 
 
 def _confidence(logits, q):
@@ -266,17 +292,20 @@ def _running_alpha_gamma(hits, tests, gamma: int, cost_ratio: float):
 
 def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, draft_cache, rng,
                        *, batch: int, max_len: int, config: DecodeConfig,
-                       eos_id: int) -> Tuple[jax.Array, DecodeStats]:
+                       eos_id: int, prompt=None) -> Tuple[jax.Array, DecodeStats]:
   """Algorithm 1 inside one `lax.while_loop`. Returns (tokens [b, max_len], stats).
 
   `config`: an integer gamma (the static maximum draft length), the sampling settings,
   the verifier ('token': the paper's rule; 'block': Sun et al., 2025; both exact),
   lenience (token-wise rule only) and the gamma policy (how many of the at most gamma
-  drafts each row makes per step).
+  drafts each row makes per step). `prompt`: as in autoregressive_decode (the step is
+  unchanged after it, so exactness carries: the target's distribution given the prompt).
   """
   gamma, cfg, policy = config.gamma, config.sampling, config.gamma_policy
   lenience, verifier = config.lenience, config.verifier
   state = _init_state(batch, max_len, gamma + 1, rng, target_cache, draft_cache, gamma)
+  if prompt is not None:
+    state = _with_prompt(state, prompt, max_len, target_fn, draft_fn)
 
   def body(s: DecodeState):
     rng, keys = _split_keys(s.rng, gamma + 2, cfg)  # gamma drafts, uniforms, correction
@@ -337,4 +366,4 @@ def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, dr
     return _emit(s, candidates, n_acc + 1, max_len, eos_id)
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-  return _finish(state, max_len)
+  return _finish(state, max_len, prompt)

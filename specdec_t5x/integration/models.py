@@ -8,9 +8,13 @@ a plain class with the same constructor and `predict_batch_with_aux` signature, 
 `specdec_t5x.infer` drives. With no draft it decodes autoregressively through the same
 jitted machinery (the paper's baseline).
 
-T5X's contract for `predict_batch_with_aux`: decodes [batch, max_decode_length] and an aux
-dict of per-example arrays (T5X's infer splits aux by example). Batch-level statistics
-(the accepted-length histogram) come from `predict_batch_with_stats`.
+T5X's contract for `predict_batch_with_aux` (every option T5X's sampling has:
+`num_decodes`, `return_all_decodes`, `prompt_with_targets`, `decode_rng`; t5x_outputs.py):
+decodes [batch, max_decode_length] and an aux dict of per-example arrays, T5X's 'scores'
+and the speculative statistics (T5X's infer splits aux by example). Batch-level statistics
+(the accepted-length histogram) come from `predict_batch_with_stats`. Scoring
+(`score_batch`, `mode='score'`) is T5X's own, inherited: the target model's teacher-forced
+log-likelihood; the standalone model only predicts.
 """
 
 from __future__ import annotations
@@ -26,14 +30,13 @@ import numpy as np
 
 from specdec_t5x.algorithm import api, network, stats
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.integration import checkpoints, vocab_check
+from specdec_t5x.integration import checkpoints, t5x_outputs, vocab_check
 
 try:  # T5X is not on PyPI: subclass its model only when it is installed.
   from t5x import models as t5x_models  # type: ignore
 except ImportError:
   t5x_models = None
 
-_DECODE_FIELDS = tuple(f.name for f in dataclasses.fields(DecodeConfig))
 _CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(network.T5Config))
 
 
@@ -92,10 +95,12 @@ class _SpeculativeMixin:
   """Draft model, sampling settings and the decoding methods shared by both classes."""
 
   def _init_speculative(self, *, draft_config, draft_module, draft_checkpoint, draft_params,
-                        draft_vocabulary, max_decode_length, decode_config, **settings):
-    # The keyword settings (gamma=..., temperature=...) override decode_config's fields.
-    config = decode_config if decode_config is not None else DecodeConfig()
-    self.decode_config = config.replace(**settings) if settings else config
+                        draft_vocabulary, max_decode_length, decode_config):
+    if decode_config is None:
+      decode_config = DecodeConfig()
+    if not isinstance(decode_config, DecodeConfig):
+      raise TypeError(f'decode_config must be a DecodeConfig, got {decode_config!r}.')
+    self.decode_config = decode_config  # the one set of decode settings (gamma may be 'auto')
     target = as_our_transformer(self.module)
     if draft_module is None and draft_config is not None:
       draft_module = network.Transformer(draft_config)
@@ -105,18 +110,12 @@ class _SpeculativeMixin:
     self.draft_checkpoint = draft_checkpoint
     self.draft_vocabulary = draft_vocabulary
     self._draft_params = draft_params
-    # 'auto': chosen at the first batch from measured call costs (auto_gamma.py).
-    self.gamma = self.decode_config.gamma
+    # gamma='auto': what the first batch measured and chose (auto_gamma.py); see run_config.
     self.gamma_choice: Optional[Dict[str, Any]] = None
     self.max_decode_length = max_decode_length
     self._run_totals: Dict[str, Any] = {}
     if draft_module is not None:
-      tv = getattr(target.config, 'vocab_size', None)
-      dv = getattr(self.draft_config, 'vocab_size', getattr(draft_module, 'vocab_size', None))
-      if tv is not None and dv is not None and tv != dv:
-        raise ValueError(f'Draft and target vocabulary sizes differ: target vocab_size={tv}, '
-                         f'draft vocab_size={dv}. Speculative decoding needs one tokenizer; '
-                         'fix TARGET_CONFIG / DRAFT_CONFIG.')
+      api.check_vocab_sizes(target, draft_module)  # at construction: before any loading
       target_vocab = self.output_vocabulary
       if (draft_vocabulary is not None and target_vocab is not None
           and not vocab_check.same_sentencepiece(draft_vocabulary, target_vocab)):
@@ -126,13 +125,13 @@ class _SpeculativeMixin:
             f'{vocab_check.spm_identity(draft_vocabulary)} (path, extra_ids). Speculative '
             'decoding needs the same tokenizer.')
 
-  gamma_setting = property(lambda self: self.decode_config.gamma)  # int or 'auto'
-  gamma_alpha = property(lambda self: self.decode_config.gamma_alpha)
-  temperature = property(lambda self: self.decode_config.temperature)
-  topk = property(lambda self: self.decode_config.topk)
-  topp = property(lambda self: self.decode_config.topp)
-  lenience = property(lambda self: self.decode_config.lenience)
-  verifier = property(lambda self: self.decode_config.verifier)
+  @property
+  def run_config(self) -> DecodeConfig:
+    """The DecodeConfig batches are decoded with: `decode_config`, with gamma='auto'
+    replaced by the gamma chosen at the first batch (`gamma_choice`)."""
+    if self.decode_config.gamma == 'auto' and self.gamma_choice is not None:
+      return self.decode_config.replace(gamma=self.gamma_choice['gamma'])
+    return self.decode_config
 
   @property
   def is_speculative(self) -> bool:
@@ -218,11 +217,20 @@ class _SpeculativeMixin:
                                ) -> Tuple[jax.Array, Dict[str, jax.Array], Dict[str, jax.Array]]:
     """-> (decodes [batch, len], per-example stats {name: [batch]}, batch-level stats:
     {'accepted_length_histogram': [gamma + 1]})."""
-    max_len = self.max_decode_length
-    if max_len is None:
-      if 'decoder_input_tokens' not in batch:
-        raise ValueError('Set max_decode_length or pass batch["decoder_input_tokens"].')
-      max_len = int(np.shape(batch['decoder_input_tokens'])[1])
+    out = self._generate(params, batch['encoder_input_tokens'], self._max_len(batch), rng)
+    aux = {k: out.stats[k] for k in stats.PER_EXAMPLE_STATS}
+    return out.tokens, aux, {'accepted_length_histogram': out.stats['accepted_length_histogram']}
+
+  def _max_len(self, batch: Mapping[str, Any]) -> int:
+    if self.max_decode_length is not None:
+      return int(self.max_decode_length)
+    if 'decoder_input_tokens' not in batch:
+      raise ValueError('Set max_decode_length or pass batch["decoder_input_tokens"].')
+    return int(np.shape(batch['decoder_input_tokens'])[1])
+
+  def _generate(self, params: Any, enc: Any, max_len: int, rng: Optional[jax.Array],
+                decoder_prompt: Any = None) -> api.GenerateOutput:
+    """api.generate with the target, the draft (loaded on first use) and `run_config`."""
     if self.is_speculative and self._draft_params is None and self.draft_checkpoint:
       # T5X's runners restore only the target (TrainState); load the draft on first use,
       # replicated on every device (jit passes it to the program as an argument).
@@ -232,64 +240,75 @@ class _SpeculativeMixin:
           jax.sharding.PartitionSpec())
       self._draft_params = jax.device_put(self._draft_params, replicated)
     draft = (self.draft_module, self.draft_params) if self.is_speculative else None
-    if draft is not None and self.gamma == 'auto':
-      self._choose_gamma(params, batch['encoder_input_tokens'], int(max_len), rng)
-    config = self.decode_config
-    if config.gamma != self.gamma:  # gamma='auto', now chosen
-      config = config.replace(gamma=self.gamma)
-    out = api.generate((self.target_module, params), batch['encoder_input_tokens'],
-                       draft=draft, max_decode_length=int(max_len), rng=rng,
-                       eos_id=self.eos_id, config=config)
-    aux = {k: out.stats[k] for k in stats.PER_EXAMPLE_STATS}
-    return out.tokens, aux, {'accepted_length_histogram': out.stats['accepted_length_histogram']}
+    if draft is not None and self.run_config.gamma == 'auto':
+      self._choose_gamma(params, enc, max_len, rng)
+    return api.generate((self.target_module, params), enc, draft=draft, max_decode_length=max_len,
+                        rng=rng, eos_id=self.eos_id, config=self.run_config,
+                        decoder_prompt=decoder_prompt)
 
   def _choose_gamma(self, params: Any, enc: Any, max_len: int,
                     rng: Optional[jax.Array]) -> None:
     """gamma='auto': measures call costs on `enc` (and alpha, unless `gamma_alpha` is
-    set) and fixes gamma for every later batch; the choice is kept in `gamma_choice`."""
+    set, from a warm-up decode with every other setting of the run) and fixes gamma for
+    every later batch; the choice is kept in `gamma_choice`."""
     from specdec_t5x.algorithm import auto_gamma  # pylint: disable=g-import-not-at-top
     if isinstance(enc, jax.core.Tracer):
       raise ValueError("gamma='auto' times calls on the first batch, which needs concrete "
                        'inputs: run python -m specdec_t5x.infer, or set an integer gamma '
                        '(e.g. --gin.GAMMA=3) under a runner that traces the model.')
     target, draft = (self.target_module, params), (self.draft_module, self.draft_params)
-    alpha = self.gamma_alpha
+    alpha = self.decode_config.gamma_alpha
     if alpha is None:
       alpha = auto_gamma.warmup_alpha(
           target, draft, enc, max_len=max_len, eos_id=self.eos_id,
-          rng=jax.random.PRNGKey(0) if rng is None else rng, temperature=self.temperature,
-          topk=self.topk, topp=self.topp)
+          rng=jax.random.PRNGKey(0) if rng is None else rng, config=self.decode_config)
     self.gamma_choice = dict(auto_gamma.choose_gamma(target, draft, enc, alpha=alpha,
                                                      max_len=max_len),
-                             alpha_source='given' if self.gamma_alpha is not None
+                             alpha_source='given' if self.decode_config.gamma_alpha is not None
                              else 'warm-up decode of the first batch')
-    self.gamma = self.gamma_choice['gamma']
 
   def predict_batch_with_aux(self, params: Any, batch: Mapping[str, Any],
                              rng: Optional[jax.Array] = None,
                              decoder_params: Optional[Mapping[str, Any]] = None,
-                             return_all_decodes: bool = False, num_decodes: int = 1,
+                             return_all_decodes: Optional[bool] = None,
+                             num_decodes: Optional[int] = None,
                              prompt_with_targets: bool = False,
                              flax_mutables: Any = None) -> Tuple[jax.Array, Dict[str, jax.Array]]:
-    """T5X's signature: -> (decodes [batch, max_decode_length], per-example aux).
+    """T5X's signature and outputs, decoded by `generate` (t5x_outputs.py has the rules).
 
-    `decoder_params['decode_rng']`, if given, replaces `rng` (as in T5X). One decode per
-    example and no decoder prompt: the paper's setting.
+    -> (decodes [batch, max_decode_length], or [batch, num_decodes, max_decode_length]
+    with `return_all_decodes`; aux: 'scores' (T5X's: the log-probability of each decode
+    under the target's sampling distribution, 0 when greedy) and the per-example
+    speculative statistics, each [batch] or [batch, num_decodes]). `num_decodes` k
+    decodes every input k times as independent rows; the decodes of an input are sorted
+    by increasing score and without `return_all_decodes` the last (best) is returned.
+    `rng` or `decoder_params['decode_rng']` (not both) seeds the decode; `decoder_params`
+    takes nothing else (the decode settings are `decode_config`).
+    `prompt_with_targets`: each row continues its `decoder_input_tokens` (EOS removed).
     """
     del flax_mutables  # T5 has no mutable collections at inference.
-    if return_all_decodes or (num_decodes or 1) != 1:
-      raise NotImplementedError('Speculative decoding returns one decode per example '
-                                f'(num_decodes={num_decodes}, return_all_decodes='
-                                f'{return_all_decodes}).')
+    defaults = getattr(self, '_default_decoder_params', None)  # T5X's DecoderParams
+    if num_decodes is None:
+      num_decodes = getattr(defaults, 'num_decodes', 1)
+    if return_all_decodes is None:
+      return_all_decodes = getattr(defaults, 'return_all_decodes', False)
+    rng = t5x_outputs.decode_rng(rng, decoder_params)
+    max_len = self._max_len(batch)
+    enc = t5x_outputs.expand(jnp.asarray(batch['encoder_input_tokens']), num_decodes)
+    prompt = None
     if prompt_with_targets:
-      raise NotImplementedError('prompt_with_targets is not supported.')
-    rng = dict(decoder_params or {}).get('decode_rng', rng)
-    decodes, aux, batch_stats = self.predict_batch_with_stats(params, batch, rng=rng)
-    # T5X's infer keeps no run-level statistics: add each batch's to the run's on the host.
-    real = jnp.any(jnp.asarray(batch['encoder_input_tokens']) != 0, axis=1)  # [batch]
-    del batch_stats  # Its histogram counts the rows T5X pads a last batch with.
-    jax.debug.callback(self._add_run_stats, aux, real)
-    return decodes, aux
+      prompt = t5x_outputs.expand(t5x_outputs.decoder_prompt(
+          batch['decoder_input_tokens'], self.eos_id, max_len), num_decodes)
+    out = self._generate(params, enc, max_len, rng, decoder_prompt=prompt)
+    aux = {k: out.stats[k] for k in stats.PER_EXAMPLE_STATS}
+    # T5X's infer keeps no run-level statistics: add each batch's to the run's on the host
+    # (the rows T5X pads a last batch with excluded; every decode of an input counted).
+    real = jnp.any(enc != 0, axis=1)  # [batch * num_decodes]
+    jax.debug.callback(self._add_run_stats, dict(aux), real)
+    aux['scores'] = t5x_outputs.log_probs(
+        self.target_module, params, enc, out.tokens, out.stats['generated_tokens'],
+        prompt, self.decode_config.sampling)
+    return t5x_outputs.t5x_order(out.tokens, aux, num_decodes, return_all_decodes)
 
   def _add_run_stats(self, aux: Mapping[str, Any], real: Any) -> None:
     """Adds one batch's per-example statistics (rows that T5X padded in excluded) to the
@@ -304,7 +323,7 @@ class _SpeculativeMixin:
                  '(%d generated tokens, %d target calls, gamma %s)', totals['examples'],
                  _fmt(run['alpha_empirical']), _fmt(run['mean_tokens_per_target_call']),
                  run['generated_tokens'], run['target_calls'],
-                 self.gamma if self.is_speculative else None)
+                 self.run_config.gamma if self.is_speculative else None)
 
   def run_stats(self) -> Dict[str, Any]:
     """The speculative statistics of every `predict_batch_with_aux` call so far (what
@@ -313,17 +332,15 @@ class _SpeculativeMixin:
                 examples=self._run_totals.get('examples', 0))
 
   def predict_batch(self, params: Any, batch: Mapping[str, Any],
-                    rng: Optional[jax.Array] = None, **unused) -> jax.Array:
-    return self.predict_batch_with_aux(params, batch, rng=rng)[0]
-
-  def score_batch(self, *args, **kwargs):
-    raise NotImplementedError("Speculative decoding only predicts; use mode='predict'.")
+                    rng: Optional[jax.Array] = None, **kwargs: Any) -> jax.Array:
+    """T5X's: the decodes of `predict_batch_with_aux` (same keyword arguments)."""
+    return self.predict_batch_with_aux(params, batch, rng=rng, **kwargs)[0]
 
 
 _DRAFT_DEFAULTS = dict(draft_config=None, draft_module=None, draft_checkpoint=None,
                        draft_params=None, draft_vocabulary=None, max_decode_length=None,
                        decode_config=None)
-_ARGUMENTS = set(_DRAFT_DEFAULTS) | set(_DECODE_FIELDS)
+_ARGUMENTS = set(_DRAFT_DEFAULTS)
 
 
 class StandaloneSpeculativeModel(_SpeculativeMixin):
@@ -338,11 +355,10 @@ class StandaloneSpeculativeModel(_SpeculativeMixin):
     draft_checkpoint: T5X checkpoint of the draft (loaded by `restore_draft`).
     draft_params: draft parameters, instead of a checkpoint.
     draft_vocabulary: the draft's vocabulary, checked to be the target's.
-    decode_config: the DecodeConfig to decode with (default DecodeConfig(): gamma 4,
-      greedy, exact); gamma='auto' picks gamma at the first batch from call costs
-      measured then (auto_gamma.py) and alpha `gamma_alpha` (None: a warm-up decode).
-    gamma, temperature, topk, topp, gamma_alpha, gamma_policy, verifier, lenience:
-      DecodeConfig's fields one by one; each given overrides decode_config's.
+    decode_config: the DecodeConfig to decode with (None: DecodeConfig(), its defaults);
+      gamma='auto' picks gamma at the first batch from call costs measured then
+      (auto_gamma.py) and alpha `gamma_alpha` (None: a warm-up decode with the other
+      settings), kept in `gamma_choice`; `run_config` is the config then decoded with.
     max_decode_length: decoder tokens per example; None = batch['decoder_input_tokens']
       length (T5X's convention).
   """
@@ -357,6 +373,12 @@ class StandaloneSpeculativeModel(_SpeculativeMixin):
     self.output_vocabulary = output_vocabulary
     self.optimizer_def = optimizer_def
     self._init_speculative(**{**_DRAFT_DEFAULTS, **speculative})
+
+  def score_batch(self, *args: Any, **kwargs: Any):
+    raise NotImplementedError(
+        "Scoring (mode='score') is T5X's EncoderDecoderModel.score_batch, which "
+        'SpeculativeEncoderDecoderModel inherits where T5X is installed; the standalone '
+        'model only predicts.')
 
 
 if t5x_models is not None:
