@@ -20,6 +20,7 @@ import pytest
 from specdec_t5x import generate
 from specdec_t5x.integration import checkpoints, models, utils
 from specdec_t5x.algorithm import stats
+from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.algorithm.network import T5Config, Transformer
 
 HAVE_T5X = importlib.util.find_spec('t5x') is not None
@@ -47,7 +48,8 @@ def _batch(batch=2, enc_len=8, dec_len=6):
 def test_standalone_predict_batch_with_aux_is_generate(weights, speculative):
   target_params, draft_params = weights
   kw = dict(draft_config=DRAFT_CFG, draft_params=draft_params) if speculative else {}
-  model = models.StandaloneSpeculativeModel(Transformer(CFG), gamma=3, temperature=1.0, **kw)
+  model = models.StandaloneSpeculativeModel(
+      Transformer(CFG), decode_config=DecodeConfig(gamma=3, temperature=1.0), **kw)
   batch, rng = _batch(), jax.random.PRNGKey(7)
   decodes, aux = model.predict_batch_with_aux(target_params, batch,
                                               decoder_params={'decode_rng': rng})
@@ -56,17 +58,15 @@ def test_standalone_predict_batch_with_aux_is_generate(weights, speculative):
                  gamma=3, temperature=1.0, max_decode_length=6, rng=rng)
   assert decodes.shape == (2, 6)  # T5X's [batch, max_decode_length]
   np.testing.assert_array_equal(decodes, ref.tokens)
-  assert set(aux) == set(stats.PER_EXAMPLE_STATS)
-  for key, value in aux.items():
-    assert value.shape == (2,)  # per example, as T5X's infer expects
-    np.testing.assert_array_equal(value, ref.stats[key])
+  assert set(aux) == set(stats.PER_EXAMPLE_STATS) | {'scores'}
+  for key in stats.PER_EXAMPLE_STATS:
+    assert aux[key].shape == (2,)  # per example, as T5X's infer expects
+    np.testing.assert_array_equal(aux[key], ref.stats[key])
   _, _, batch_stats = model.predict_batch_with_stats(target_params, batch, rng=rng)
   np.testing.assert_array_equal(batch_stats['accepted_length_histogram'],
                                 ref.stats['accepted_length_histogram'])
   np.testing.assert_array_equal(model.predict_batch(target_params, batch, rng=rng), decodes)
   assert model.describe()['speculative'] == speculative
-  with pytest.raises(NotImplementedError):
-    model.predict_batch_with_aux(target_params, batch, num_decodes=4)
 
 
 def test_draft_checkpoint_restore_and_errors(tmp_path, weights):
@@ -93,7 +93,7 @@ def test_draft_checkpoint_restore_and_errors(tmp_path, weights):
   with pytest.raises(TypeError, match='Unknown arguments'):
     models.StandaloneSpeculativeModel(Transformer(CFG), beam_size=4)
   lossy = models.StandaloneSpeculativeModel(Transformer(CFG), draft_config=DRAFT_CFG,
-                                            lenience=0.5).describe()
+                                            decode_config=DecodeConfig(lenience=0.5)).describe()
   assert lossy['lossy'] and lossy['lenience'] == 0.5 and lossy['draft_config']['emb_dim'] == 8
 
 
@@ -183,8 +183,10 @@ def test_with_t5x_importable_the_model_subclasses_t5x(tmp_path):
       assert cls is not models.StandaloneSpeculativeModel
       cfg = T5Config(vocab_size=48, emb_dim=16, num_heads=2, num_encoder_layers=1,
                      num_decoder_layers=1, head_dim=8, mlp_dim=32)
-      m = cls(Transformer(cfg), None, None, None, draft_config=cfg, gamma=5, z_loss=1e-4)
-      assert m.t5x_kwargs['z_loss'] == 1e-4 and m.gamma == 5 and m.is_speculative
+      from specdec_t5x.algorithm.config import DecodeConfig
+      m = cls(Transformer(cfg), None, None, None, draft_config=cfg,
+              decode_config=DecodeConfig(gamma=5), z_loss=1e-4)
+      assert m.t5x_kwargs['z_loss'] == 1e-4 and m.run_config.gamma == 5 and m.is_speculative
       assert cls.predict_batch_with_aux is models._SpeculativeMixin.predict_batch_with_aux
       print('OK')
       """)
@@ -210,7 +212,7 @@ def test_t5x_subclass_predicts_like_generate(weights):  # pragma: no cover - nee
   model = models.SpeculativeEncoderDecoderModel(
       module=t5x_network.Transformer(t5x_cfg), input_vocabulary=None,
       output_vocabulary=None, optimizer_def=None, draft_config=DRAFT_CFG,
-      draft_params=weights[1], gamma=3, temperature=1.0)
+      draft_params=weights[1], decode_config=DecodeConfig(gamma=3, temperature=1.0))
   assert isinstance(model, t5x_models.EncoderDecoderModel)
   batch = dict(_batch(), decoder_target_tokens=np.zeros((2, 6), np.int32),
                decoder_loss_weights=np.zeros((2, 6), np.int32))
@@ -227,9 +229,9 @@ def test_t5x_subclass_predicts_like_generate(weights):  # pragma: no cover - nee
                  max_decode_length=6, rng=rng)
   assert decodes.shape == (2, 6)
   np.testing.assert_array_equal(decodes, ref.tokens)
-  assert set(aux) == set(stats.PER_EXAMPLE_STATS)
-  for key, value in aux.items():
-    assert value.shape == (2,)
-    np.testing.assert_array_equal(value, ref.stats[key])
+  assert set(aux) == set(stats.PER_EXAMPLE_STATS) | {'scores'}
+  for key in stats.PER_EXAMPLE_STATS:
+    assert aux[key].shape == (2,)
+    np.testing.assert_array_equal(aux[key], ref.stats[key])
   np.testing.assert_array_equal(
-      model.predict_batch(params, batch, rng, decoder_params={'decode_rng': rng}), decodes)
+      model.predict_batch(params, batch, decoder_params={'decode_rng': rng}), decodes)

@@ -113,10 +113,10 @@ def env(tmp_path_factory):
     stock = _stock_t5x_greedy(target['params'], vocab, examples)
   finally:
     tasks.register_tasks()
-  return dict(root=root, ckpts=ckpts, stock=stock, examples=examples)
+  return dict(root=root, ckpts=ckpts, stock=stock, examples=examples, target=target)
 
 
-def _t5x_infer(env, out, fmt, *extra):
+def _t5x_infer(env, out, fmt, *extra, output=OUTPUT):
   """`python -m t5x.infer --gin_file=configs/spec_t5_small_xxl.gin` + overrides."""
   ckpt = env['ckpts'][fmt]
   flags = [f"--gin.TARGET_CHECKPOINT='{ckpt['target']}'",
@@ -135,7 +135,7 @@ def _t5x_infer(env, out, fmt, *extra):
       [sys.executable, '-m', 't5x.infer', '--gin_file=configs/spec_t5_small_xxl.gin',
        *flags, *extra], cwd=REPO, env=env_vars, capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-5000:]
-  rows = [json.loads(l) for l in (out / OUTPUT).read_text('utf-8').splitlines()]
+  rows = [json.loads(l) for l in (out / output).read_text('utf-8').splitlines()]
   logged = re.findall(r'specdec_t5x: (\d+) examples: alpha ([\d.]+|n/a), ([\d.]+) tokens per '
                       r'target call \((\d+) generated tokens, (\d+) target calls, gamma (\w+)\)',
                       proc.stderr)
@@ -165,7 +165,8 @@ def test_speculative_statistics_in_t5x_output_and_log(runs):
     rows, logged = runs[fmt]
     aux = {k: np.array([r['aux'][k] for r in rows]) for k in rows[0]['aux']}
     assert set(aux) == {'target_calls', 'drafted_tokens', 'accepted_tokens',
-                        'generated_tokens'}
+                        'generated_tokens', 'scores'}
+    assert np.all(aux['scores'] == 0)  # T5X's score of a greedy decode
     assert np.all(aux['accepted_tokens'] <= aux['drafted_tokens'])
     assert np.all(aux['drafted_tokens'] <= gamma * aux['target_calls'])
     assert np.all(aux['generated_tokens'] <= aux['target_calls'] + aux['accepted_tokens'])
@@ -181,6 +182,31 @@ def test_speculative_statistics_in_t5x_output_and_log(runs):
   assert 0 < float(runs['orbax'][1][-1][1]) < 1  # a noisy draft: some, not all, accepted
   # --gin.GAMMA=3 changed the statistics (the predictions stay the target's greedy ones).
   assert ([r['aux'] for r in runs['orbax'][0]] != [r['aux'] for r in runs['legacy'][0]])
+
+
+def test_score_mode_is_t5x_scoring_with_the_target(env):
+  """The same gin file with --gin.infer.mode='score': T5X's score_batch of each example's
+  targets under the target model, as stock T5X computes it on the same parameters."""
+  from t5x import models as t5x_models  # pylint: disable=g-import-not-at-top
+  rows, _ = _t5x_infer(env, env['root'] / 'out_score', 'legacy', "--gin.infer.mode='score'",
+                       output=f'{TASK}-score.jsonl-00000-of-00001')
+  examples = env['examples']
+  assert len(rows) == len(examples) == NUM_EXAMPLES
+  batch = {k: np.zeros((NUM_EXAMPLES, LENGTHS[f]), np.int32) for k, f in (
+      ('encoder_input_tokens', 'inputs'), ('decoder_target_tokens', 'targets'))}
+  for r, ex in enumerate(examples):
+    batch['encoder_input_tokens'][r, :len(ex['inputs'])] = ex['inputs']
+    batch['decoder_target_tokens'][r, :len(ex['targets'])] = ex['targets']
+  targets = batch['decoder_target_tokens']
+  batch.update(decoder_input_tokens=np.pad(targets[:, :-1], ((0, 0), (1, 0))),
+               decoder_loss_weights=(targets > 0).astype(np.int32))
+  stock = t5x_models.EncoderDecoderModel(t5x_network.Transformer(CONFIG), None, None, None)
+  want = np.asarray(stock.score_batch(env['target']['params'], batch))
+  got = np.array([row['score'] for row in rows])
+  assert np.all(want < 0)
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  for row, ex in zip(rows, examples):
+    assert row['inputs']['inputs_pretokenized'] == ex['inputs_pretokenized'].decode()
 
 
 _BUILD_ALL = textwrap.dedent('''
@@ -211,7 +237,8 @@ _BUILD_ALL = textwrap.dedent('''
       out[path] = dict(
           t5x_model=isinstance(model, t5x_models.EncoderDecoderModel),
           t5x_partitioner=isinstance(partitioner, t5x_partitioning.PjitPartitioner),
-          params=int(count), gamma=model.gamma, temperature=model.temperature,
+          params=int(count), gamma=model.decode_config.gamma,
+          temperature=model.decode_config.temperature,
           draft_emb=model.draft_config.emb_dim, task=kw['dataset_cfg'].mixture_or_task_name,
           query_axes=str(axes['decoder']['layers_0']['self_attention']['query']['kernel']))
     print('RESULT ' + json.dumps(out))
