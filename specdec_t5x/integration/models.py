@@ -69,10 +69,6 @@ def _fmt(value: Optional[float]) -> str:
   return 'n/a' if value is None else f'{value:.3f}'
 
 
-def _dtype(name: Optional[str]):
-  return None if name is None else jnp.dtype(name)
-
-
 def init_params(module: Any, rng: jax.Array) -> Any:
   """Random parameters of a Transformer-like module (smoke tests, `fallback_init_rng`)."""
   dummy = jnp.ones((1, 4), jnp.int32)
@@ -88,7 +84,7 @@ def load_checkpoint(path: Optional[str], *, macro: str, what: str, config: Any =
     raise FileNotFoundError(
         f'{what} checkpoint not found: {path!r}. Set the gin macro {macro}, e.g. '
         f'--gin.{macro}="\'/path/to/checkpoint_1000000\'".{hint}')
-  return checkpoints.load_params(path, dtype=_dtype(dtype), config=config)
+  return checkpoints.load_params(path, dtype=dtype and jnp.dtype(dtype), config=config)
 
 
 class _SpeculativeMixin:
