@@ -32,7 +32,6 @@ Writes results/bf16_agreement.json and results/bf16_agreement.md.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 from typing import Any, Dict, List, Sequence
@@ -42,8 +41,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_t5x.algorithm import api, batching, network
-from specdec_t5x.integration import checkpoints
-from specdec_t5x.research import evaluation, harness
+from specdec_t5x.integration import model_dir
+from specdec_t5x.research import evaluation, harness, t5x_reference
 
 TARGET = 'demo_target/checkpoint_2239'
 DRAFT = 'demo_draft_m/checkpoint_5682'
@@ -52,21 +51,19 @@ DTYPES = ('bfloat16', 'float32')
 
 
 def load(path: str, dtype: str, float32_attention_logits: bool = False):
-  """(our Transformer, params cast to dtype) of checkpoints/demo/<model>/checkpoint_<step>."""
-  with open(os.path.join(evaluation.DEMO_DIR, os.path.dirname(path), 'config.json')) as f:
-    fields = {k: tuple(v) if isinstance(v, list) else v for k, v in json.load(f).items()}
-  config = network.T5Config(**dict(fields, dtype=jnp.dtype(dtype), dropout_rate=0.0,
-                                   float32_attention_logits=float32_attention_logits))
-  params = checkpoints.load_params(os.path.join(evaluation.DEMO_DIR, path), config=config)
+  """(our Transformer, params cast to dtype) of checkpoints/demo/<model>/checkpoint_<step>
+  (model_dir.load: its config.json and its one checkpoint)."""
+  config, params = model_dir.load(os.path.join(evaluation.DEMO_DIR, os.path.dirname(path)),
+                                  dtype)
+  config = dataclasses.replace(config, float32_attention_logits=float32_attention_logits)
   params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), params)
   return network.Transformer(config), params
 
 
 def t5x_module(ours: network.Transformer):
-  from t5x.examples.t5 import network as t5x_network  # pylint: disable=g-import-not-at-top
   """T5X's Transformer with our module's config (same fields, same params tree)."""
-  fields = {f.name: getattr(ours.config, f.name) for f in dataclasses.fields(network.T5Config)}
-  return t5x_network.Transformer(t5x_network.T5Config(**fields))
+  from t5x.examples.t5 import network as t5x_network  # pylint: disable=g-import-not-at-top
+  return t5x_network.Transformer(t5x_reference.t5x_config(ours.config))
 
 
 def batches(rows: np.ndarray, size: int):
@@ -102,20 +99,12 @@ def teacher_forced(target, t5x_net, enc: np.ndarray, targets: np.ndarray, batch:
           'tokens': total}
 
 
-def t5x_greedy(target, t5x_net, enc: np.ndarray, batch: int) -> List[List[int]]:
-  """Stock T5X greedy: EncoderDecoderModel + temperature_sample at temperature 0."""
-  import seqio  # pylint: disable=g-import-not-at-top
-  from t5x import adafactor, decoding, models  # pylint: disable=g-import-not-at-top
-  vocab = seqio.PassThroughVocabulary(target[0].config.vocab_size, eos_id=1)
-  model = models.EncoderDecoderModel(t5x_net, vocab, vocab, adafactor.Adafactor(),
-                                     decode_fn=decoding.temperature_sample)
-  predict = jax.jit(lambda p, b: model.predict_batch_with_aux(
-      p, b, decoder_params={'temperature': 0.0})[0])
+def t5x_greedy(target, enc: np.ndarray, batch: int) -> List[List[int]]:
+  """Stock T5X greedy (t5x_reference: EncoderDecoderModel + temperature_sample at 0)."""
+  predict = t5x_reference.greedy_decoder(target[0].config, MAX_LEN)
   out = []
   for e, n in batches(enc, batch):
-    b = {'encoder_input_tokens': jnp.asarray(e),
-         'decoder_input_tokens': jnp.zeros((len(e), MAX_LEN), jnp.int32)}
-    out += [cut(r) for r in np.asarray(predict(target[1], b))[:n]]
+    out += [cut(r) for r in np.asarray(predict(target[1], jnp.asarray(e)))[:n]]
   return out
 
 
@@ -195,7 +184,7 @@ def measure(args) -> Dict[str, Any]:
     cell: Dict[str, Any] = {'teacher_forced_vs_t5x': teacher_forced(target, t5x_net, enc, refs,
                                                                     args.batch_size)}
     ar, ar_calls = our_greedy(target, enc, args.batch_size)
-    t5x = t5x_greedy(target, t5x_net, enc, args.batch_size)
+    t5x = t5x_greedy(target, enc, args.batch_size)
     cell['ar_vs_t5x'] = same(ar, t5x)
     cell['ar_target_calls'] = ar_calls
     cell['speculative_vs_ar'] = {}

@@ -1,4 +1,7 @@
-"""Shared tiny models for the tests (hermetic: random weights made here)."""
+"""Shared tiny models for the tests (hermetic: random weights made here), and the `slow`
+marker: `pytest -m "not slow"` leaves out the end-to-end runs (runners, training, T5X's
+infer, fine-tuning, Hugging Face, the demo checkpoints) and keeps the exactness and unit
+tests; README command 2 and .ci/run run everything."""
 
 import jax
 import jax.numpy as jnp
@@ -6,6 +9,12 @@ import numpy as np
 import pytest
 
 from specdec_t5x.algorithm.network import T5Config, Transformer
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+      'markers', 'slow: an end-to-end run (subprocess, runner, training); deselect with '
+      '-m "not slow" for the exactness and unit tests alone')
 
 
 def tiny_config(vocab=40, emb=32, layers=2, heads=4, v11=True, **kw):

@@ -32,12 +32,21 @@ def test_greedy_adaptive_equals_greedy_target(target_and_draft, name):
 
 
 def test_fixed_policy_is_the_default(target_and_draft):
+  """Without a gamma_policy every step drafts gamma tokens (fewer only where max_len leaves
+  no room), as 'fixed' does; an adaptive policy on the same run drafts other lengths."""
   target, draft = target_and_draft
   enc = random_inputs(2, 9, 40, seed=5)
-  a = generate(target, enc, draft=draft, gamma=3, max_decode_length=10, temperature=1.0)
-  b = generate(target, enc, draft=draft, gamma=3, max_decode_length=10, temperature=1.0,
-               gamma_policy='fixed')
-  np.testing.assert_array_equal(a.tokens, b.tokens)
+  kw = dict(draft=draft, gamma=3, max_decode_length=24, temperature=1.0, eos_id=-1)
+  default = generate(target, enc, **kw)
+  hist = np.asarray(default.stats['draft_length_histogram'])
+  calls = int(np.sum(default.stats['target_calls']))
+  assert hist.sum() == calls and hist[0] == 0
+  assert hist[3] >= calls - 2 * 3  # per row, at most its last steps draft fewer than gamma
+  fixed = generate(target, enc, gamma_policy='fixed', **kw)
+  np.testing.assert_array_equal(default.tokens, fixed.tokens)
+  np.testing.assert_array_equal(hist, fixed.stats['draft_length_histogram'])
+  adaptive = generate(target, enc, gamma_policy=POLICIES['running_alpha'], **kw)
+  assert not np.array_equal(hist, adaptive.stats['draft_length_histogram'])
 
 
 def test_confidence_policy_stops_on_a_flat_draft():

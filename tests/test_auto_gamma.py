@@ -108,6 +108,7 @@ def test_bad_settings_raise(target_and_draft, kw, pattern):
                                       decode_config=DecodeConfig(**kw))
 
 
+@pytest.mark.slow  # the runner end to end
 def test_infer_with_auto_gamma(monkeypatch, tmp_path, capsys):
   """The runner with --gin.GAMMA="'auto'": alpha from a warm-up, the choice in metrics."""
   monkeypatch.setattr(timing, 'call_costs', _stub_costs(1.0, 0.01, 0.0))

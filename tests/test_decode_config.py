@@ -1,6 +1,7 @@
 """DecodeConfig (one validated decode configuration), DecodeStats (one set of stats names)
 and their use by generate, the T5X-facing model and gin."""
 
+import collections
 import dataclasses
 
 import gin
@@ -9,7 +10,7 @@ import pytest
 
 from conftest import random_inputs
 from specdec_t5x import generate
-from specdec_t5x.algorithm import decoding, stats
+from specdec_t5x.algorithm import api, decoding, stats
 from specdec_t5x.algorithm.config import DecodeConfig, GammaPolicy
 from specdec_t5x.integration import infer, models
 
@@ -153,3 +154,14 @@ def test_every_field_is_bindable_from_gin():
   assert model.decode_config.gamma_policy == GammaPolicy('confidence', threshold=0.3)
   assert model.decode_config.gamma_alpha == 0.25 and model.decode_config.gamma == 'auto'
   assert model.describe()['gamma_policy']['threshold'] == 0.3
+
+
+def test_compiled_programs_are_kept_least_recently_used(target_and_draft, monkeypatch):
+  """api keeps a bounded number of compiled programs (one per models, length and config)."""
+  monkeypatch.setattr(api, '_COMPILED_KEEP', 2)
+  monkeypatch.setattr(api, '_COMPILED', collections.OrderedDict())
+  target, draft = target_and_draft
+  enc = random_inputs(1, 5, 40, seed=1)
+  for gamma in (1, 2, 1, 3):
+    generate(target, enc, draft=draft, gamma=gamma, max_decode_length=2)
+  assert [key[-1].gamma for key in api._COMPILED] == [1, 3]  # pylint: disable=protected-access

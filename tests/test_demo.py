@@ -10,6 +10,8 @@ import pytest
 
 from specdec_t5x.integration import demo, tasks
 
+pytestmark = pytest.mark.slow  # the demo command end to end
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = REPO / 'specdec_t5x'
 

@@ -7,6 +7,8 @@ import pytest
 
 from specdec_t5x.research import evaluation
 
+pytestmark = pytest.mark.slow  # decodes with the committed demo checkpoints
+
 ROOT = os.path.join(os.path.dirname(__file__), '..', 'checkpoints', 'demo')
 ENC = np.array([[13, 250, 9, 77, 1024, 5, 1]], np.int32)
 DEC = np.array([[0, 100, 200, 300]], np.int32)

@@ -5,6 +5,7 @@ and its exact probability under the standardised target computed by teacher forc
 Thousands of independent batch rows (one call) are then compared by chi-square.
 """
 
+import collections
 import itertools
 
 import jax
@@ -144,5 +145,5 @@ def test_broken_rule_is_detected(models, monkeypatch):
     return jnp.take_along_axis(p, num_accepted[:, None, None], axis=1)[:, 0]
 
   monkeypatch.setattr(sampling, 'correction_distribution', broken)
-  monkeypatch.setattr(api, '_COMPILED', {})
+  monkeypatch.setattr(api, '_COMPILED', collections.OrderedDict())
   assert chi2_pvalue(exact, sample_counts(target, draft, ENC, cfg, seed=1)) < 1e-6

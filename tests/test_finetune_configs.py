@@ -45,7 +45,10 @@ from t5x import models as t5x_models
 from t5x import partitioning as t5x_partitioning
 from t5x import train_state as t5x_train_state
 from t5x.examples.t5 import network as t5x_network
+
 # pylint: enable=g-import-not-at-top,g-bad-import-order
+
+pytestmark = pytest.mark.slow  # python -m t5x.train fine-tuning runs
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FINETUNE = REPO / 'configs' / 'finetune'

@@ -12,6 +12,8 @@ import pytest
 
 from specdec_t5x.integration import hf_convert
 
+pytestmark = pytest.mark.slow  # PyTorch / transformers models
+
 torch = pytest.importorskip('torch')
 transformers = pytest.importorskip('transformers')
 

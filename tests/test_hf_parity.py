@@ -7,6 +7,8 @@ import torch
 from conftest import make_model, random_inputs, tiny_config
 from specdec_t5x.integration.hf_convert import hf_model_from_params
 
+pytestmark = pytest.mark.slow  # PyTorch / transformers models
+
 
 @pytest.mark.parametrize('v11', [True, False], ids=['v1.1', 'v1.0'])
 def test_matches_hugging_face_t5(v11):

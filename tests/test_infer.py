@@ -24,6 +24,8 @@ from specdec_t5x.integration import checkpoints, infer, models, tasks
 from specdec_t5x.algorithm import stats
 from specdec_t5x.algorithm.network import T5Config, Transformer
 
+pytestmark = pytest.mark.slow  # the runner end to end
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FIXTURES = pathlib.Path(__file__).parent / 'data' / 'tasks' / 'corpus' / 'ende'
 VOCAB = 160

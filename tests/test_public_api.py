@@ -1,4 +1,4 @@
-"""The import paths outside code relies on (README "Public API") stay put and name the
+"""The import paths outside code relies on (ARCHITECTURE.md, "Public paths") stay put and name the
 layered objects themselves, so gin files and user code see one class, not a copy."""
 
 import importlib

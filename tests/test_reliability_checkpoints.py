@@ -1,4 +1,4 @@
-"""Reliability of checkpoint loading (issue 11, items 3 and 11): a checkpoint missing a
+"""Reliability of checkpoint loading: a checkpoint missing a
 zarr chunk file, or whose specs point outside its directory, is refused by name."""
 
 import os
@@ -40,7 +40,7 @@ def test_missing_chunk_file_is_refused_not_zeros(tmp_path):
 
 
 def test_demo_checkpoint_missing_chunk_is_refused(tmp_path):
-  """The issue's reproduction on a committed checkpoint (one small array suffices)."""
+  """The reproduction on a committed checkpoint (one small array suffices)."""
   src = os.path.join(os.path.dirname(__file__), '..', 'checkpoints', 'demo', 'demo_draft_s',
                      'checkpoint_800')
   ckpt = str(tmp_path / 'checkpoint_800')

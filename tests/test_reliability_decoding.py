@@ -1,4 +1,4 @@
-"""Reliability of `generate` (issue 11, items 1, 2 and 10): bad token ids, non-finite
+"""Reliability of `generate`: bad token ids, non-finite
 numerics and bad arguments raise clear errors instead of returning silent garbage."""
 
 import jax

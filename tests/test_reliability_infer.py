@@ -1,4 +1,4 @@
-"""Reliability of `python -m specdec_t5x.infer` (issue 11, items 4-8 and 10): a locked
+"""Reliability of `python -m specdec_t5x.infer`: a locked
 output directory, recorded settings that a reuse must match, inputs checked before any
 decoding, crash-safe finalisation and clear errors for bad flags.
 
@@ -17,6 +17,8 @@ import pytest
 from conftest import train_tiny_spm
 
 from specdec_t5x.integration import demo, infer, run_dir, tasks, vocab_check
+
+pytestmark = pytest.mark.slow  # the runner end to end
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 OUTPUT = 'demo_ende-predict_with_aux.jsonl-00000-of-00001'  # mode: T5X's default

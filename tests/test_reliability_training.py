@@ -1,4 +1,4 @@
-"""Reliability of training resume (issue 11, item 9): changed hyperparameters are refused
+"""Reliability of training resume: changed hyperparameters are refused
 before config.json is touched, an interrupted checkpoint save never loads (and is removed),
 and log.jsonl has one record per step after a resume."""
 
@@ -11,6 +11,8 @@ import pytest
 
 from specdec_t5x.research import train_config, train_state, training
 from test_training import data_dir, small_cfg, tiny_model  # pylint: disable=unused-import
+
+pytestmark = pytest.mark.slow  # training runs, interrupted and resumed
 
 
 @pytest.fixture(scope='module')

@@ -17,6 +17,8 @@ from jax.sharding import PartitionSpec as P
 from specdec_t5x.integration import partitioning
 from specdec_t5x.algorithm.network import T5Config, Transformer
 
+pytestmark = pytest.mark.slow  # subprocesses with several XLA devices
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 

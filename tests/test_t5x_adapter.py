@@ -168,6 +168,7 @@ _FAKE_T5X = {  # Just enough of T5X's API (constructor, class names) to import a
 }
 
 
+@pytest.mark.slow  # a subprocess
 def test_with_t5x_importable_the_model_subclasses_t5x(tmp_path):
   """Checks the T5X branch of models.py/utils.py against a stand-in `t5x` package."""
   for name, text in _FAKE_T5X.items():

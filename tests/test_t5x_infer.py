@@ -33,6 +33,8 @@ from specdec_t5x.algorithm import network
 from specdec_t5x.integration import demo, tasks
 from specdec_t5x.research import paper, t5x_reference
 
+pytestmark = pytest.mark.slow  # python -m t5x.infer subprocesses on T5X checkpoints
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TASK = 'demo_ende'
 OUTPUT = f'{TASK}-predict_with_aux.jsonl-00000-of-00001'

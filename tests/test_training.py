@@ -16,6 +16,8 @@ from specdec_t5x.integration.checkpoints import load_params
 from specdec_t5x.research import (distill, train_config, train_data, train_objective,
                                   train_optim, train_state, training)
 
+pytestmark = pytest.mark.slow  # training runs
+
 VOCAB = 64
 
 
@@ -220,7 +222,7 @@ def test_distill_targets_are_the_greedy_decodes():
 
 
 def _closed_form(step, cfg, total):
-  """The schedule as training.py computed it in Python floats before optax (issue 13)."""
+  """The schedule as training.py computed it in Python floats before optax."""
   import math  # pylint: disable=g-import-not-at-top
   peak, warm = cfg.learning_rate, max(cfg.warmup_steps, 1)
   if step < warm:

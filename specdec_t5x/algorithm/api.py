@@ -100,7 +100,8 @@ def _prepare(module, variables, encoder_tokens, cache_len):
   return module.apply(variables, encoded, encoder_tokens, cache_len, method='init_cache')
 
 
-_COMPILED: dict = {}
+_COMPILED: 'collections.OrderedDict[Any, Any]' = collections.OrderedDict()
+_COMPILED_KEEP = 32  # compiled programs kept (least recently used dropped), as _PACKED
 
 
 def _compiled(target_module, draft_module, *, max_len: int, config: DecodeConfig):
@@ -109,6 +110,7 @@ def _compiled(target_module, draft_module, *, max_len: int, config: DecodeConfig
   key = (_module_key(target_module), draft_module and _module_key(draft_module),
          max_len, config)
   if key in _COMPILED:
+    _COMPILED.move_to_end(key)
     return _COMPILED[key]
 
   def run(target_vars, draft_vars, encoder_tokens, rng, eos_id, prompt):
@@ -126,8 +128,10 @@ def _compiled(target_module, draft_module, *, max_len: int, config: DecodeConfig
         target_fn, _extend_fn(draft_module, draft_vars), target_cache, draft_cache, rng,
         batch=batch, max_len=max_len, config=config, eos_id=eos_id, prompt=prompt)
 
-  _COMPILED[key] = jax.jit(run)
-  return _COMPILED[key]
+  fn = _COMPILED[key] = jax.jit(run)
+  while len(_COMPILED) > _COMPILED_KEEP:
+    _COMPILED.popitem(last=False)
+  return fn
 
 
 def _is_traced(x) -> bool:

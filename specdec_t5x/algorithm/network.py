@@ -140,7 +140,7 @@ _T5X_DECODE_UNSUPPORTED = (
     'specdec_t5x.network.Transformer does not implement T5X\'s one-token autoregressive cache '
     '(called with decode={decode}, prefill={prefill}). Decode with specdec_t5x.generate, or '
     'with the network\'s encode / init_cache / extend methods (a cache that takes k tokens per '
-    'call at per-row positions); specdec_t5x.models.EncoderDecoderModel does this for T5X.')
+    'call at per-row positions); specdec_t5x.models.SpeculativeEncoderDecoderModel does this for T5X.')
 
 
 def _check_not_t5x_decode(decode, prefill):

@@ -81,13 +81,6 @@ def sample(keys: jax.Array, probs: jax.Array) -> jax.Array:
   return jnp.minimum(idx, probs.shape[-1] - 1).astype(jnp.int32)
 
 
-def sample_or_argmax(keys: jax.Array, probs: jax.Array, cfg: SamplingConfig) -> jax.Array:
-  """Like `sample`, but argmax of the one-hot distribution when greedy (no randomness)."""
-  if cfg.greedy:
-    return jnp.argmax(probs, axis=-1).astype(jnp.int32)
-  return sample(keys, probs)
-
-
 def residual(p: jax.Array, q: jax.Array, lenience: float = 1.0) -> jax.Array:
   """norm(max(0, p - l*q)) [..., V]; falls back to p where the residual has no mass."""
   r = jnp.maximum(p - lenience * q, 0.0)

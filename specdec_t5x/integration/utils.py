@@ -2,7 +2,7 @@
 
 `DatasetConfig` and `RestoreCheckpointConfig` are `t5x.utils`'s classes when `t5x` is
 importable, and the project's own dataclasses with the same field names otherwise. A gin
-file that does `from specdec_t5x import utils` and binds `utils.DatasetConfig.split = ...`
+file that does `from specdec_t5x.integration import utils` and binds `utils.DatasetConfig.split = ...`
 therefore works under T5X's runner and under `python -m specdec_t5x.infer` alike.
 """
 

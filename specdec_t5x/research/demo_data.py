@@ -14,12 +14,12 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple
 import numpy as np
 import seqio
 
-from specdec_t5x.algorithm import api, batching
+from specdec_t5x.algorithm import batching
 from specdec_t5x.algorithm import stats as stats_lib
+from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.integration import infer_output, metrics
-from specdec_t5x.research import evaluation, harness
+from specdec_t5x.research import evaluation, harness, speed
 
-STAT_KEYS = ('generated_tokens', 'target_calls', 'drafted_tokens', 'accepted_tokens')
 
 
 def load_task(task: str, num: int, input_len: int = 128) -> Tuple[np.ndarray, List[str], Any]:
@@ -42,17 +42,19 @@ def quality(task: str, refs: Sequence[str], preds: Sequence[str]) -> Dict[str, f
   return metrics.bleu(refs, preds) if task == 'ende' else dict(metrics.rouge(refs, preds))
 
 
-def row_decoder(target, enc: np.ndarray, max_len: int, **kw) -> Callable[[], List[Any]]:
-  """A fn decoding each row of enc [N, L] alone (batch 1, at its length bucket) with
-  api.generate(**kw); it returns the N outputs. Time it with harness.interleaved."""
-  rows = [batching.trim_batch(enc[r:r + 1]) for r in range(len(enc))]
-  return lambda: [api.generate(target, row, max_decode_length=max_len, **kw) for row in rows]
+def row_decoder(target, enc: np.ndarray, max_len: int, draft=None,
+                **settings: Any) -> Callable[[], List[Any]]:
+  """speed.Decoder over the rows of enc [N, L] (each alone, batch 1, at its length
+  bucket) with DecodeConfig(**settings); calling it returns the N outputs. Time it with
+  harness.interleaved."""
+  return speed.Decoder(target, draft, enc, max_len, DecodeConfig(**settings))
 
 
 def row_totals(outs: Sequence[Any]) -> Tuple[np.ndarray, Dict[str, int]]:
-  """-> (tokens [N, max_len], STAT_KEYS summed over the rows) of row_decoder's outputs."""
+  """-> (tokens [N, max_len], the per-example statistics summed over the rows) of
+  row_decoder's outputs."""
   tokens = np.stack([np.asarray(o.tokens[0]) for o in outs])
-  return tokens, {k: int(sum(np.asarray(o.stats[k]).sum() for o in outs)) for k in STAT_KEYS}
+  return tokens, {k: int(sum(np.asarray(o.stats[k]).sum() for o in outs)) for k in stats_lib.PER_EXAMPLE_STATS}
 
 
 def rates(stats: Dict[str, int]) -> Dict[str, Any]:
@@ -66,7 +68,7 @@ def rates(stats: Dict[str, int]) -> Dict[str, Any]:
 
 def row_results(timings: Any, base: str = 'AR') -> Dict[str, Dict[str, Any]]:
   """Per name of harness.interleaved over row_decoder fns: median seconds, speedup_vs_ar
-  (over `base`), rates, whether the tokens equal `base`'s (equal_to_ar) and STAT_KEYS."""
+  (over `base`), rates, whether the tokens equal `base`'s (equal_to_ar) and the summed statistics."""
   med = timings.median
   base_tokens, _ = row_totals(timings.outputs[base])
   out = {}
