@@ -123,5 +123,5 @@ def test_bad_inputs_raise_clear_errors(target_and_draft):
   with pytest.raises(ValueError, match='integer'):
     generate(target, np.ones((1, 3), np.float32), draft=draft, max_decode_length=4)
   other_vocab = make_model(tiny_config(vocab=48), seed=2)
-  with pytest.raises(ValueError, match='vocabularies differ'):
+  with pytest.raises(ValueError, match='vocabulary sizes differ'):
     generate(target, random_inputs(1, 4, 40), draft=other_vocab, max_decode_length=4)

@@ -48,7 +48,7 @@ def check_vocab_sizes(target_module, draft_module) -> None:
   """Raises unless target and draft have the same vocabulary size (where both say it)."""
   tv, dv = _vocab_size(target_module), _vocab_size(draft_module)
   if tv is not None and dv is not None and tv != dv:
-    raise ValueError(f'Draft and target vocabularies differ: target vocab_size={tv}, '
+    raise ValueError(f'Draft and target vocabulary sizes differ: target vocab_size={tv}, '
                      f'draft vocab_size={dv}. Speculative decoding needs one tokenizer.')
 
 

@@ -95,10 +95,10 @@ def _with_prompt(state: DecodeState, prompt, max_len: int, target_fn: ExtendFn,
   [b, P] become its first tokens, and one call per model writes BOS and them into the
   caches (beyond a row's prompt it writes slots that are rewritten before being read)."""
   p = prompt.shape[1]
-  seq = state.seq.at[:, 2:2 + p].set(prompt.astype(jnp.int32))
-  length = jnp.minimum(jnp.sum(prompt != 0, axis=1), max_len).astype(jnp.int32)  # [b]
   if p == 0:
     return state
+  seq = state.seq.at[:, 2:2 + p].set(prompt.astype(jnp.int32))
+  length = jnp.minimum(jnp.sum(prompt != 0, axis=1), max_len).astype(jnp.int32)  # [b]
   fed, start = seq[:, 1:1 + p], jnp.zeros_like(length)  # BOS, prompt[:, :-1] at 0..P-1
   target_cache = target_fn(state.target_cache, fed, start)[1]
   draft_cache = state.draft_cache if draft_fn is None else draft_fn(state.draft_cache, fed,
