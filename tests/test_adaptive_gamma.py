@@ -40,8 +40,9 @@ def test_fixed_policy_is_the_default(target_and_draft):
   default = generate(target, enc, **kw)
   hist = np.asarray(default.stats['draft_length_histogram'])
   calls = int(np.sum(default.stats['target_calls']))
-  assert hist.sum() == calls and hist[0] == 0
-  assert hist[3] >= calls - 2 * 3  # per row, at most its last steps draft fewer than gamma
+  assert hist.sum() == calls
+  # Fewer than gamma only once room < gamma: at most gamma such steps per row (2 rows).
+  assert hist[3] >= calls - 2 * 3 and hist[3] > 0.8 * calls
   fixed = generate(target, enc, gamma_policy='fixed', **kw)
   np.testing.assert_array_equal(default.tokens, fixed.tokens)
   np.testing.assert_array_equal(hist, fixed.stats['draft_length_histogram'])

@@ -91,21 +91,30 @@ def test_num_decodes_are_independent_rows_sorted_by_score(weights):
     np.testing.assert_array_equal(value, aux[name][:, -1], err_msg=name)
 
 
-def test_sampled_num_decodes_follow_the_target_distribution():
-  """One input decoded 20000 times with num_decodes: the decodes follow the standardised
-  target's exact sequence distribution, and each score is that sequence's log-probability."""
+@pytest.mark.parametrize('with_prompt', [False, True], ids=['no_prompt', 'prompt'])
+def test_sampled_num_decodes_follow_the_target_distribution(with_prompt):
+  """One input decoded 20000 times with num_decodes (and a decoder prompt): the decodes
+  follow the standardised target's exact sequence distribution (given the prompt), and
+  each score is that sequence's log-probability (given the prompt)."""
   target = make_model(tiny_config(vocab=VOCAB), seed=10, logit_scale=1.5)
   draft = make_model(tiny_config(vocab=VOCAB, emb=16, layers=1), seed=11, logit_scale=1.5)
   config = DecodeConfig(gamma=2, temperature=1.0, topk=4)
   model = models.StandaloneSpeculativeModel(target[0], draft_module=draft[0],
-                                            draft_params=draft[1], decode_config=config,
-                                            max_decode_length=MAX_LEN)
+                                            draft_params=draft[1], decode_config=config)
   enc = np.array([[3, 4, 5, 2]], np.int32)
-  k = 20000
-  decodes, aux = model.predict_batch_with_aux(target[1], {'encoder_input_tokens': enc},
-                                              jax.random.PRNGKey(2), num_decodes=k,
-                                              return_all_decodes=True)
   exact = exact_probabilities(target, enc, config.sampling)
+  first = {t: sum(p for s, p in exact.items() if s[0] == t) for t in range(2, VOCAB)}
+  prompt = (max(first, key=first.get),) if with_prompt else ()  # a likely non-EOS token
+  dec_in = np.zeros((1, MAX_LEN), np.int32)
+  dec_in[0, 1:1 + len(prompt)] = prompt
+  k = 20000
+  decodes, aux = model.predict_batch_with_aux(
+      target[1], {'encoder_input_tokens': enc, 'decoder_input_tokens': dec_in},
+      jax.random.PRNGKey(2), num_decodes=k, return_all_decodes=True,
+      prompt_with_targets=with_prompt)
+  exact = {s: p for s, p in exact.items() if s[:len(prompt)] == prompt}
+  mass = sum(exact.values())
+  exact = {s: p / mass for s, p in exact.items()}  # the distribution given the prompt
   seqs, counts = np.unique(np.asarray(decodes[0]), axis=0, return_counts=True)
   assert chi2_pvalue(exact, {tuple(s): c for s, c in zip(seqs.tolist(), counts)}) > 1e-3
   for seq, score in zip(np.asarray(decodes[0])[:50].tolist(), np.asarray(aux['scores'][0])):
