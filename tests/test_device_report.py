@@ -22,6 +22,7 @@ def _script():
   return module
 
 
+@pytest.mark.slow  # every part of the device report, end to end
 def test_device_report_tiny_runs_every_part(tmp_path):
   script = _script()
   out = str(tmp_path / 'device')
