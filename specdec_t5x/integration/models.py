@@ -20,13 +20,14 @@ import os
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from absl import logging
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from specdec_t5x.algorithm import api, network, stats
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.integration import checkpoints, vocab_check
+from specdec_t5x.integration import checkpoints, draft_state, vocab_check
 
 try:  # T5X is not on PyPI: subclass its model only when it is installed.
   from t5x import models as t5x_models  # type: ignore
@@ -214,16 +215,19 @@ class _SpeculativeMixin:
     }
 
   def predict_batch_with_stats(self, params: Any, batch: Mapping[str, Any],
-                               rng: Optional[jax.Array] = None
+                               rng: Optional[jax.Array] = None, draft_params: Any = None
                                ) -> Tuple[jax.Array, Dict[str, jax.Array], Dict[str, jax.Array]]:
     """-> (decodes [batch, len], per-example stats {name: [batch]}, batch-level stats:
-    {'accepted_length_histogram': [gamma + 1]})."""
+    {'accepted_length_histogram': [gamma + 1]}). `draft_params`: the draft's weights as
+    T5X passes them (draft_state.py); None: the model's own (loaded on first use)."""
     max_len = self.max_decode_length
     if max_len is None:
       if 'decoder_input_tokens' not in batch:
         raise ValueError('Set max_decode_length or pass batch["decoder_input_tokens"].')
       max_len = int(np.shape(batch['decoder_input_tokens'])[1])
-    if self.is_speculative and self._draft_params is None and self.draft_checkpoint:
+    if draft_params is not None:
+      pass  # T5X's state carries the draft: an argument of the partitioned program
+    elif self.is_speculative and self._draft_params is None and self.draft_checkpoint:
       # T5X's runners restore only the target (TrainState); load the draft on first use,
       # replicated on every device (jit passes it to the program as an argument).
       self.restore_draft()
@@ -231,7 +235,9 @@ class _SpeculativeMixin:
           jax.sharding.Mesh(np.asarray(jax.devices()), ('devices',)),
           jax.sharding.PartitionSpec())
       self._draft_params = jax.device_put(self._draft_params, replicated)
-    draft = (self.draft_module, self.draft_params) if self.is_speculative else None
+    if draft_params is None and self.is_speculative:
+      draft_params = self.draft_params
+    draft = (self.draft_module, draft_params) if self.is_speculative else None
     if draft is not None and self.gamma == 'auto':
       self._choose_gamma(params, batch['encoder_input_tokens'], int(max_len), rng)
     config = self.decode_config
@@ -276,7 +282,6 @@ class _SpeculativeMixin:
     `decoder_params['decode_rng']`, if given, replaces `rng` (as in T5X). One decode per
     example and no decoder prompt: the paper's setting.
     """
-    del flax_mutables  # T5 has no mutable collections at inference.
     if return_all_decodes or (num_decodes or 1) != 1:
       raise NotImplementedError('Speculative decoding returns one decode per example '
                                 f'(num_decodes={num_decodes}, return_all_decodes='
@@ -284,7 +289,8 @@ class _SpeculativeMixin:
     if prompt_with_targets:
       raise NotImplementedError('prompt_with_targets is not supported.')
     rng = dict(decoder_params or {}).get('decode_rng', rng)
-    decodes, aux, batch_stats = self.predict_batch_with_stats(params, batch, rng=rng)
+    decodes, aux, batch_stats = self.predict_batch_with_stats(
+        params, batch, rng=rng, draft_params=draft_state.params_from(flax_mutables))
     # T5X's infer keeps no run-level statistics: add each batch's to the run's on the host.
     real = jnp.any(jnp.asarray(batch['encoder_input_tokens']) != 0, axis=1)  # [batch]
     del batch_stats  # Its histogram counts the rows T5X pads a last batch with.
@@ -374,6 +380,18 @@ if t5x_models is not None:
           self, module=module, input_vocabulary=input_vocabulary,
           output_vocabulary=output_vocabulary, optimizer_def=optimizer_def, **kwargs)
       self._init_speculative(**{**_DRAFT_DEFAULTS, **speculative})
+
+    def get_initial_variables(self, rng: jax.Array, input_shapes: Mapping[str, Any],
+                              input_types: Optional[Mapping[str, Any]] = None) -> Any:
+      """T5X's variables of the target plus, for a T5 draft, the draft's params and axes
+      (collections `draft`, `draft_axes`): T5X then restores, partitions and passes the
+      draft like the target (draft_state.py)."""
+      variables = super().get_initial_variables(rng, input_shapes, input_types)
+      if not (self.is_speculative and draft_state.carries_draft(self.draft_module)):
+        return variables
+      extra = draft_state.initial_variables(self.draft_module, jax.random.fold_in(rng, 1),
+                                            self._draft_params)
+      return flax.core.freeze({**flax.core.unfreeze(variables), **extra})
 
 else:
   SpeculativeEncoderDecoderModel = StandaloneSpeculativeModel
