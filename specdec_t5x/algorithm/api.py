@@ -9,7 +9,7 @@ matmul (`decode_variables`).
 from __future__ import annotations
 
 import collections
-from typing import Any, Optional, Tuple, Union
+from typing import Any, Callable, Optional, Tuple, Union
 import weakref
 
 import flax.struct
@@ -92,6 +92,30 @@ def _prepare(module, variables, encoder_tokens, cache_len):
   return module.apply(variables, encoded, encoder_tokens, cache_len, method='init_cache')
 
 
+def decode_program(target_module, draft_module, *, max_len: int, config: DecodeConfig,
+                   wrap: Optional[Callable[[str, decoding.ExtendFn], decoding.ExtendFn]] = None):
+  """The whole generation, not yet jitted: fn(target_vars, draft_vars, encoder_tokens, rng,
+  eos_id) -> (tokens, stats). `wrap(name, fn)`, if given, replaces the 'target' and 'draft'
+  ExtendFns the loops call (e.g. research/loop_probe.py's timers)."""
+  wrap = wrap or (lambda name, fn: fn)
+
+  def run(target_vars, draft_vars, encoder_tokens, rng, eos_id):
+    batch = encoder_tokens.shape[0]
+    # Positions written: up to max_len + gamma (finished rows keep computing in place).
+    cache_len = max_len + (config.gamma if draft_module is not None else 0) + 1
+    target_cache = _prepare(target_module, target_vars, encoder_tokens, cache_len)
+    target_fn = wrap('target', _extend_fn(target_module, target_vars))
+    if draft_module is None:
+      return decoding.autoregressive_decode(target_fn, target_cache, rng, batch=batch,
+                                            max_len=max_len, config=config, eos_id=eos_id)
+    draft_cache = _prepare(draft_module, draft_vars, encoder_tokens, cache_len)
+    return decoding.speculative_decode(
+        target_fn, wrap('draft', _extend_fn(draft_module, draft_vars)), target_cache,
+        draft_cache, rng, batch=batch, max_len=max_len, config=config, eos_id=eos_id)
+
+  return run
+
+
 _COMPILED: dict = {}
 
 
@@ -100,24 +124,9 @@ def _compiled(target_module, draft_module, *, max_len: int, config: DecodeConfig
     config = DecodeConfig.from_sampling(config.sampling, gamma=1)
   key = (_module_key(target_module), draft_module and _module_key(draft_module),
          max_len, config)
-  if key in _COMPILED:
-    return _COMPILED[key]
-
-  def run(target_vars, draft_vars, encoder_tokens, rng, eos_id):
-    batch = encoder_tokens.shape[0]
-    # Positions written: up to max_len + gamma (finished rows keep computing in place).
-    cache_len = max_len + (config.gamma if draft_module is not None else 0) + 1
-    target_cache = _prepare(target_module, target_vars, encoder_tokens, cache_len)
-    target_fn = _extend_fn(target_module, target_vars)
-    if draft_module is None:
-      return decoding.autoregressive_decode(target_fn, target_cache, rng, batch=batch,
-                                            max_len=max_len, config=config, eos_id=eos_id)
-    draft_cache = _prepare(draft_module, draft_vars, encoder_tokens, cache_len)
-    return decoding.speculative_decode(
-        target_fn, _extend_fn(draft_module, draft_vars), target_cache, draft_cache, rng,
-        batch=batch, max_len=max_len, config=config, eos_id=eos_id)
-
-  _COMPILED[key] = jax.jit(run)
+  if key not in _COMPILED:
+    _COMPILED[key] = jax.jit(decode_program(target_module, draft_module, max_len=max_len,
+                                            config=config))
   return _COMPILED[key]
 
 
