@@ -28,7 +28,7 @@ max(flops / peak flops, bytes / HBM bandwidth); collectives (n > 1) and per-kern
 latency are not in it, so it is a lower bound that favours small drafts.
 
 Memory per device is exact for what stays resident during a speculative decode: both
-models' params and both caches (shard shapes of the shardings the compiler chose), at the
+models' params and both caches (shard shapes: params by their axes, caches split by heads), at the
 paper's lengths and batch 1 and 32. Temporaries are not predicted (XLA:CPU's are its
 float32 weight copies); `headroom` is what remains of the chip's memory for them.
 """
@@ -129,6 +129,19 @@ def param_shardings(params: Any, axes: Any, mesh: Mesh) -> Any:
       {path: NamedSharding(mesh, spec) for path, spec in specs.items()})
 
 
+def cache_shardings(cache: Any, mesh: Mesh) -> Any:
+  """The decode cache split by heads, as T5X's rules split attention (batch -> 'data',
+  heads -> 'model'; replicated where 'model' does not divide the heads): every 4-D leaf is
+  [batch, heads, ...]; the encoder mask is [batch, enc]."""
+  rules, shape = partitioning.standard_logical_axis_rules(), dict(mesh.shape)
+
+  def spec(x):
+    axes = ('batch', 'heads') + (None,) * (x.ndim - 2) if x.ndim == 4 else \
+        ('batch',) + (None,) * (x.ndim - 1)
+    return NamedSharding(mesh, partitioning.logical_to_mesh_spec(axes, rules, x.shape, shape))
+  return jax.tree_util.tree_map(spec, cache)
+
+
 def per_device_bytes(shapes: Any, shardings: Any) -> int:
   """Bytes one device holds of `shapes` (ShapeDtypeStructs) placed by `shardings`."""
   return int(sum(np.prod(s.shard_shape(x.shape)) * np.dtype(x.dtype).itemsize
@@ -167,7 +180,7 @@ def compile_model(cfg: network.T5Config, mesh: Mesh, ks: Sequence[int], enc_len:
 
   Returns {'programs': {'prefill' | 'step_<k>': record}, 'param_bytes': per device,
   'cache_bytes': {batch: {cache_len: per device}} for `batches` x `cache_lens` (the cache
-  placed as the compiler placed the prefill's output)}.
+  placed by `cache_shardings`)}.
   """
   module = network.Transformer(cfg)
   params, axes = abstract_params(module)
@@ -182,11 +195,11 @@ def compile_model(cfg: network.T5Config, mesh: Mesh, ks: Sequence[int], enc_len:
   def step(p, cache, tokens, positions):
     return module.apply({'params': p}, cache, tokens, positions, method='extend')
 
-  programs: Dict[str, Any] = {}
-  programs['prefill'], compiled = _record(
-      jax.jit(prefill, in_shardings=(p_sh, replicated)).lower(params, enc))
-  cache_sh = compiled.output_shardings
   cache = jax.eval_shape(prefill, params, enc)
+  cache_sh = cache_shardings(cache, mesh)
+  programs: Dict[str, Any] = {}
+  programs['prefill'], _ = _record(jax.jit(
+      prefill, in_shardings=(p_sh, replicated), out_shardings=cache_sh).lower(params, enc))
   for k in ks:
     tokens = jax.ShapeDtypeStruct((1, k), jnp.int32)
     positions = jax.ShapeDtypeStruct((1,), jnp.int32)
@@ -196,13 +209,12 @@ def compile_model(cfg: network.T5Config, mesh: Mesh, ks: Sequence[int], enc_len:
   cache_bytes = {}
   for batch in batches:
     e = jax.ShapeDtypeStruct((batch, enc_len), jnp.int32)
+    encoded = jax.ShapeDtypeStruct((batch, enc_len, cfg.emb_dim), cfg.dtype)
     cache_bytes[batch] = {}
     for length in cache_lens:
-      shapes = jax.eval_shape(
-          lambda p, e, n=length: module.apply(
-              {'params': p}, module.apply({'params': p}, e, method='encode'), e, n,
-              method='init_cache'), params, e)
-      cache_bytes[batch][length] = per_device_bytes(shapes, cache_sh)
+      shapes = jax.eval_shape(lambda p, x, e, n=length: module.apply(
+          {'params': p}, x, e, n, method='init_cache'), params, encoded, e)
+      cache_bytes[batch][length] = per_device_bytes(shapes, cache_shardings(shapes, mesh))
   return {'programs': programs, 'param_bytes': per_device_bytes(params, p_sh),
           'num_params': int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(params))),
           'cache_bytes': cache_bytes}

@@ -8,6 +8,7 @@ from typing import Any, Dict, List
 from specdec_t5x.research import harness
 
 GB = 1e9
+GIB = 2 ** 30
 LABEL = ('Predictions from the compiler, not measurements: XLA cost analysis of the '
          'programs compiled from abstract shapes, and a roofline per chip.')
 
@@ -81,7 +82,7 @@ def _memory_lines(data: Dict[str, Any]) -> List[str]:
 
   def cell(m):
     fits = ', '.join(f"{chip} {'yes' if m['fits'][chip] else 'NO'}" for chip in chips)
-    return f"{m['resident_bytes'] / GB:.1f} ({fits})"
+    return f"{m['resident_bytes'] / GIB:.1f} ({fits})"
   return harness.table(
       ['Task', 'Draft', 'gamma'] + [f"{c.replace('x', 'devices ').replace(' b', ', batch ')}"
                                     for c in cells],
@@ -93,7 +94,7 @@ def render(report: harness.Report) -> List[str]:
   data = report.data
   lengths = data['lengths']
   chips = '; '.join(f"{c['name']}: {c['flops'] / 1e12:g} TFLOP/s, "
-                    f"{c['hbm_bytes_per_s'] / 1e12:g} TB/s, {c['hbm_bytes'] / GB:.1f} GB "
+                    f"{c['hbm_bytes_per_s'] / 1e12:g} TB/s, {c['hbm_bytes'] / GIB:.1f} GiB "
                     f"({c['source']})" for c in data['chips'])
   return report.header(
       "The paper's Table 2 predicted from the compiled programs",
@@ -115,9 +116,12 @@ def render(report: harness.Report) -> List[str]:
       "(theory.walltime_improvement_measured) from the paper's alpha and the roofline times.",
       ''] + table2_lines(data) + [
       '', '## c = t_draft(1) / t_target(1) for each paper pair', ''] + _pairs_lines(data) + [
-      '', '## Programs (per device; GB = 1e9 bytes)', ''] + _programs_lines(data) + [
+      '', '## Programs (per device; GB = 1e9 bytes)', '',
+      'Bytes are counted before fusion, so they overstate activation traffic: a step at '
+      'batch 1 is dominated by its weights either way; the prefill (compute-bound on an '
+      'accelerator) is shown memory-bound here.', ''] + _programs_lines(data) + [
       '', '## Roofline time per call', ''] + _times_lines(data) + [
       '', '## Memory per device of a speculative decode (resident: both models\' params '
-      'and caches; GB, and whether it fits each chip)', '',
+      'and caches; GiB, and whether it fits each chip)', '',
       'Temporaries are not predicted (XLA:CPU\'s are float32 copies of the weights); the '
       'JSON holds each chip\'s headroom for them.', ''] + _memory_lines(data) + ['']
