@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from specdec_t5x.algorithm import theory
-from specdec_t5x.research import compiled_costs, compiled_tables, paper
+from specdec_t5x.research import compiled_costs, compiled_tables, device_tables, paper
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 COMMITTED = REPO / 'results' / 'compiled_table2.json'
@@ -106,3 +106,24 @@ def test_committed_results_are_what_the_readme_quotes():
   assert compiled_tables.LABEL in readme
   speedups = [p['speedup'] for r in data['table2'] for p in r['predicted'].values()]
   assert all(np.isfinite(speedups)) and min(speedups) > 1  # memory-bound steps at XXL
+
+
+def test_device_report_shows_measured_costs_beside_the_predictions(tiny):
+  data, _ = tiny
+  measured = {'target': 'xxl', 'enc_len': 128, 'cache_len': 72, 'pairs': {'small': {'c': 0.05}},
+              'sizes': {size: {'call_s': {1: t, 8: 1.5 * t}, 'prefill_s': 10 * t,
+                               'call_ratio_to_k1': {1: 1.0, 8: 1.5}}
+                        for size, t in (('small', 0.001), ('xl', 0.01), ('xxl', 0.02))}}
+  gpu = device_tables.vs_compiled(measured, data, 'NVIDIA H200')
+  predicted = data['call_seconds']['1']['H200']
+  assert gpu['chip'] == 'H200' and set(gpu['sizes']) == {'small', 'xxl'}  # xl: not compiled
+  assert gpu['sizes']['xxl']['step_s_predicted'] == predicted['xxl']['step_1']
+  assert gpu['sizes']['xxl']['verify_ratio_predicted'][8] == pytest.approx(
+      predicted['xxl']['step_8'] / predicted['xxl']['step_1'])
+  assert gpu['pairs']['small'] == {'c': 0.05, 'c_predicted': pytest.approx(
+      predicted['small']['step_1'] / predicted['xxl']['step_1'])}
+  assert device_tables.vs_compiled(measured, data, 'TPU v4')['chip'] == 'TPU v4'
+  cpu = device_tables.vs_compiled(measured, data, 'cpu')
+  assert cpu['chip'] is None and 'step_s_predicted' not in cpu['sizes']['xxl']
+  text = '\n'.join(device_tables.render_vs_compiled(gpu))
+  assert "beside the compiler's predictions" in text and 'small: 0.050' in text
