@@ -168,9 +168,10 @@ def _collectives(hlo: str) -> Dict[str, int]:
 
 
 def _record(lowered) -> Dict[str, Any]:
+  """A lowered program's costs before and after XLA compiles it, its memory, its collectives."""
   compiled = lowered.compile()
   return {'lowered': _costs(lowered.cost_analysis()), 'compiled': _costs(compiled.cost_analysis()),
-          'memory': _memory(compiled), 'collectives': _collectives(compiled.as_text())}, compiled
+          'memory': _memory(compiled), 'collectives': _collectives(compiled.as_text())}
 
 
 def compile_model(cfg: network.T5Config, mesh: Mesh, ks: Sequence[int], enc_len: int,
@@ -198,14 +199,14 @@ def compile_model(cfg: network.T5Config, mesh: Mesh, ks: Sequence[int], enc_len:
   cache = jax.eval_shape(prefill, params, enc)
   cache_sh = cache_shardings(cache, mesh)
   programs: Dict[str, Any] = {}
-  programs['prefill'], _ = _record(jax.jit(
+  programs['prefill'] = _record(jax.jit(
       prefill, in_shardings=(p_sh, replicated), out_shardings=cache_sh).lower(params, enc))
   for k in ks:
     tokens = jax.ShapeDtypeStruct((1, k), jnp.int32)
     positions = jax.ShapeDtypeStruct((1,), jnp.int32)
     fn = jax.jit(step, in_shardings=(p_sh, cache_sh, replicated, replicated),
                  out_shardings=(None, cache_sh), donate_argnums=1)
-    programs[f'step_{k}'], _ = _record(fn.lower(params, cache, tokens, positions))
+    programs[f'step_{k}'] = _record(fn.lower(params, cache, tokens, positions))
   cache_bytes = {}
   for batch in batches:
     e = jax.ShapeDtypeStruct((batch, enc_len), jnp.int32)
@@ -237,7 +238,7 @@ def roofline_s(flops: float, nbytes: float, chip: Chip) -> float:
   return max(flops / chip.flops, nbytes / chip.hbm_bytes_per_s)
 
 
-def predict(models: Mapping[int, Mapping[str, Any]], target: str = 'xxl',
+def predict(models: Mapping[int, Mapping[str, Any]], target: str = paper.TARGET,
             target_len: int = TARGET_LEN) -> Dict[str, Any]:
   """From compile_model results {num_partitions: {size: result}}: per-device costs, call
   times on each chip, the paper pairs' c and t_verify / t_step, Table 2's rows predicted
@@ -280,7 +281,10 @@ def predict(models: Mapping[int, Mapping[str, Any]], target: str = 'xxl',
 
 
 def run(tiny: bool = False, num_partitions: Sequence[int] = (1, 8)) -> Dict[str, Any]:
-  """Compiles every size for each partition count and predicts (the report's data)."""
+  """Compiles every size for each partition count (1 among them: the per-device shares
+  are relative to it) and predicts; returns the report's data."""
+  if 1 not in num_partitions:
+    raise ValueError(f'num_partitions must include 1, got {num_partitions}.')
   enc_len, target_len = TINY_LENGTHS if tiny else (INPUT_LEN, TARGET_LEN)
   gammas = sorted({row.gamma for row in paper.TABLE_2})
   cache_lens = [target_len + g + 1 for g in gammas]
@@ -289,7 +293,7 @@ def run(tiny: bool = False, num_partitions: Sequence[int] = (1, 8)) -> Dict[str,
   for n in num_partitions:
     mesh = host_mesh(n)
     models[n] = {size: compile_model(
-        cfg, mesh, [1] + ([g + 1 for g in gammas] if size == 'xxl' else []), enc_len,
+        cfg, mesh, [1] + ([g + 1 for g in gammas] if size == paper.TARGET else []), enc_len,
         max(cache_lens), cache_lens, BATCHES) for size, cfg in cfgs.items()}
   out = {'lengths': {'input': enc_len, 'target': target_len, 'cache': max(cache_lens)},
          'chips': [dataclasses.asdict(c) for c in CHIPS],
