@@ -127,3 +127,17 @@ def test_device_report_shows_measured_costs_beside_the_predictions(tiny):
   assert cpu['chip'] is None and 'step_s_predicted' not in cpu['sizes']['xxl']
   text = '\n'.join(device_tables.render_vs_compiled(gpu))
   assert "beside the compiler's predictions" in text and 'small: 0.050' in text
+
+
+def test_bytes_are_what_each_program_must_move(tiny):
+  data, _ = tiny
+  for n, sizes in data['models'].items():
+    for size, m in sizes.items():
+      for name, rec in m['programs'].items():
+        mem, cost = rec['memory'], data['per_device_costs'][n][size][name]
+        assert cost['bytes'] == mem['argument'] + mem['output'] - mem['alias']
+        assert cost['bytes'] < cost['bytes_unfused']  # fusion only removes traffic
+      assert m['programs']['step_1']['memory']['alias'] > 0  # the cache is donated
+  for r in data['table2']:
+    for p in r['predicted'].values():
+      assert p['speedup_unfused'] > 0 and p['c_unfused'] > 0

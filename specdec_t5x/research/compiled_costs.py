@@ -19,13 +19,20 @@ the collectives of the compiled HLO.
 
 Which numbers drive the roofline: XLA:CPU computes bfloat16 dots in float32, so its
 compiled programs convert every bfloat16 weight to a float32 temporary first; its 'bytes
-accessed' (~4.6x the weights at batch 1) and temp sizes describe the CPU, not an
-accelerator that reads bfloat16 weights directly. So per device, flops and bytes are the
-lowered (backend-independent) figures times the share of them one device does, read from
-the partitioned compile: compiled(n devices) / compiled(1 device) (1 for one device; both
-compiled by XLA:CPU, so its float32 copies cancel). A call's roofline time on a chip is
-max(flops / peak flops, bytes / HBM bandwidth); collectives (n > 1) and per-kernel launch
-latency are not in it, so it is a lower bound that favours small drafts.
+accessed' (~5x the weights of an XXL step) and temp sizes describe the CPU, not an
+accelerator that reads bfloat16 weights directly. So per device:
+* bytes = what the program must move at least: its arguments read once and its outputs
+  (less those aliased to donated arguments, the cache) written once, from the compiled
+  program's memory analysis (exact shard sizes, whatever the backend): the traffic of a
+  perfectly fused program, e.g. an XLA:TPU or XLA:GPU step at batch 1 reading its weights;
+* bytes_unfused = the lowered (backend-independent, before fusion) 'bytes accessed', an
+  upper bound that counts every intermediate, e.g. float32 logits weights converted apart;
+* flops = lowered flops; for n devices both lowered figures are scaled by the share of
+  them one device does in the partitioned compile, compiled(n) / compiled(1) (both by
+  XLA:CPU, so its float32 copies cancel).
+A call's roofline time on a chip is max(flops / peak flops, bytes / HBM bandwidth); the
+predicted speedups use `bytes`, and `*_unfused` the upper bound. Collectives (n > 1) and
+per-kernel launch latency are not in it, so it is kindest to small drafts.
 
 Memory per device is exact for what stays resident during a speculative decode: both
 models' params and both caches (shard shapes: params by their axes, caches split by heads), at the
@@ -222,14 +229,18 @@ def compile_model(cfg: network.T5Config, mesh: Mesh, ks: Sequence[int], enc_len:
 
 
 def per_device(programs_n: Mapping[str, Any], programs_1: Mapping[str, Any]) -> Dict[str, Any]:
-  """Per-device flops and bytes of each program (module doc): lowered x compiled share."""
+  """Per-device flops and bytes of each program (module doc): flops = lowered x compiled
+  share; bytes = what the program must move (arguments read once, outputs not aliased to
+  them written once); bytes_unfused = lowered bytes accessed x compiled share."""
   out = {}
   for name, rec in programs_n.items():
     one = programs_1[name]['compiled']
     share = {key: rec['compiled'][key] / one[key] if one[key] else 1.0
              for key in ('flops', 'bytes')}
+    mem = rec['memory']
     out[name] = {'flops': rec['lowered']['flops'] * share['flops'],
-                 'bytes': rec['lowered']['bytes'] * share['bytes'], 'share': share}
+                 'bytes': mem['argument'] + mem['output'] - mem['alias'],
+                 'bytes_unfused': rec['lowered']['bytes'] * share['bytes'], 'share': share}
   return out
 
 
@@ -246,10 +257,12 @@ def predict(models: Mapping[int, Mapping[str, Any]], target: str = paper.TARGET,
   parts = sorted(models)
   costs = {n: {size: per_device(r['programs'], models[1][size]['programs'])
                for size, r in models[n].items()} for n in parts}
-  times = {n: {chip.name: {size: {name: roofline_s(c['flops'], c['bytes'], chip)
-                                  for name, c in progs.items()}
-                           for size, progs in costs[n].items()} for chip in CHIPS}
-           for n in parts}
+  def seconds(key):
+    return {n: {chip.name: {size: {name: roofline_s(c['flops'], c[key], chip)
+                                   for name, c in progs.items()}
+                            for size, progs in costs[n].items()} for chip in CHIPS}
+            for n in parts}
+  times, unfused = seconds('bytes'), seconds('bytes_unfused')
   rows, memory = [], []
   for row in paper.TABLE_2:
     base = {'task': row.task, 'draft': row.draft, 'temperature': row.temperature,
@@ -257,13 +270,13 @@ def predict(models: Mapping[int, Mapping[str, Any]], target: str = paper.TARGET,
     pred = {}
     for n in parts:
       for chip in CHIPS:
-        t = times[n][chip.name]
-        t_t, t_d = t[target]['step_1'], t[row.draft]['step_1']
-        t_v = t[target][f'step_{row.gamma + 1}']
-        pred[f'{chip.name} x{n}'] = {
-            'c': t_d / t_t, 'verify_ratio': t_v / t_t,
-            'speedup': float(theory.walltime_improvement_measured(
-                row.alpha, row.gamma, t_d, t_t, t_v))}
+        pred[f'{chip.name} x{n}'] = entry = {}
+        for suffix, t in (('', times[n][chip.name]), ('_unfused', unfused[n][chip.name])):
+          t_t, t_d = t[target]['step_1'], t[row.draft]['step_1']
+          t_v = t[target][f'step_{row.gamma + 1}']
+          entry.update({f'c{suffix}': t_d / t_t, f'verify_ratio{suffix}': t_v / t_t,
+                        f'speedup{suffix}': float(theory.walltime_improvement_measured(
+                            row.alpha, row.gamma, t_d, t_t, t_v))})
     rows.append(dict(base, predicted=pred))
     mem = {}
     cache_len = target_len + row.gamma + 1
@@ -277,7 +290,8 @@ def predict(models: Mapping[int, Mapping[str, Any]], target: str = paper.TARGET,
             'fits': {chip.name: resident <= chip.hbm_bytes for chip in CHIPS},
             'headroom_bytes': {chip.name: chip.hbm_bytes - resident for chip in CHIPS}}
     memory.append(dict(base, cache_len=cache_len, per_device=mem))
-  return {'per_device_costs': costs, 'call_seconds': times, 'table2': rows, 'memory': memory}
+  return {'per_device_costs': costs, 'call_seconds': times, 'call_seconds_unfused': unfused,
+          'table2': rows, 'memory': memory}
 
 
 def run(tiny: bool = False, num_partitions: Sequence[int] = (1, 8)) -> Dict[str, Any]:

@@ -23,10 +23,11 @@ def table2_lines(data: Dict[str, Any]) -> List[str]:
   keys = _keys(data)
   return harness.table(
       ['Task', 'Draft', 'Temp', 'gamma', 'alpha', 'paper (TPU-v4)'] +
-      [f'predicted {k}' for k in keys],
+      [f'predicted {k}' for k in keys] + [f'{keys[0]}, unfused bytes'],
       [[r['task'], r['draft'], f"{r['temperature']:g}", r['gamma'], f"{r['alpha_paper']:.2f}",
-        f"{r['speedup_paper']:.1f}x"] + [f"{r['predicted'][k]['speedup']:.2f}x" for k in keys]
-       for r in data['table2']], 'llrrrr' + 'r' * len(keys))
+        f"{r['speedup_paper']:.1f}x"] + [f"{r['predicted'][k]['speedup']:.2f}x" for k in keys] +
+       [f"{r['predicted'][keys[0]]['speedup_unfused']:.2f}x"]
+       for r in data['table2']], 'llrrrr' + 'r' * (len(keys) + 1))
 
 
 def _programs_lines(data: Dict[str, Any]) -> List[str]:
@@ -41,15 +42,17 @@ def _programs_lines(data: Dict[str, Any]) -> List[str]:
       out.append([
           size, n, f"{m['num_params'] / 1e6:,.0f}M", f"{m['param_bytes'] / GB:.2f}",
           f"{c['prefill']['flops'] / 1e12:.2f}", f"{c['prefill']['bytes'] / GB:.2f}",
+          f"{c['prefill']['bytes_unfused'] / GB:.2f}",
           f"{c['step_1']['flops'] / 1e9:.2f}", f"{c['step_1']['bytes'] / GB:.3f}",
-          ', '.join(f"{c[f'step_{k}']['bytes'] / c['step_1']['bytes']:.2f}"
+          f"{c['step_1']['bytes_unfused'] / GB:.3f}",
+          ', '.join(f"{c[f'step_{k}']['bytes_unfused'] / c['step_1']['bytes_unfused']:.2f}"
                     for k in steps if k > 1) or '-',
-          f"{c['step_1']['share']['bytes']:.3f}",
+          f"{c['step_1']['share']['flops']:.3f}",
           f"{coll['all-reduce']} / {coll['all-gather']}"])
   return harness.table(
       ['size', 'devices', 'params', 'param GB/device', 'prefill TFLOP', 'prefill GB',
-       'step GFLOP', 'step GB', 'bytes(k)/bytes(1), k = gamma+1', 'step bytes share',
-       'step all-reduce / all-gather'], out, 'lrrrrrrrrrr')
+       'unfused', 'step GFLOP', 'step GB', 'unfused', 'unfused bytes(k)/bytes(1), k = gamma+1',
+       'step flops share', 'step all-reduce / all-gather'], out, 'lrrrrrrrrrrrr')
 
 
 def _times_lines(data: Dict[str, Any]) -> List[str]:
@@ -72,8 +75,10 @@ def _pairs_lines(data: Dict[str, Any]) -> List[str]:
     if r['draft'] in seen:
       continue
     seen.add(r['draft'])
-    rows.append([r['draft']] + [f"{r['predicted'][k]['c']:.4f}" for k in keys])
-  return harness.table(['draft'] + [f'c {k}' for k in keys], rows, 'l' + 'r' * len(keys))
+    rows.append([r['draft']] + [f"{r['predicted'][k]['c']:.4f}" for k in keys] +
+                [f"{r['predicted'][keys[0]]['c_unfused']:.4f}"])
+  return harness.table(['draft'] + [f'c {k}' for k in keys] + [f'c {keys[0]}, unfused bytes'],
+                       rows, 'l' + 'r' * (len(keys) + 1))
 
 
 def _memory_lines(data: Dict[str, Any]) -> List[str]:
@@ -96,7 +101,7 @@ def render(report: harness.Report) -> List[str]:
   chips = '; '.join(f"{c['name']}: {c['flops'] / 1e12:g} TFLOP/s, "
                     f"{c['hbm_bytes_per_s'] / 1e12:g} TB/s, {c['hbm_bytes'] / GIB:.1f} GiB "
                     f"({c['source']})" for c in data['chips'])
-  return report.header(
+  lines = report.header(
       "The paper's Table 2 predicted from the compiled programs",
       LABEL + ' T5 v1.1 in bfloat16 (params too), batch 1, '
       f"{lengths['input']} input tokens, cache {lengths['cache']} positions "
@@ -104,24 +109,30 @@ def render(report: harness.Report) -> List[str]:
       '= encode + init_cache; step = one cached decoder call over k positions (k = 1: a '
       'target or draft step; k = gamma + 1: verification). Model parallel = params '
       "partitioned by their params_axes under T5X's standard rules over ('data' 1, "
-      "'model' n) fake host devices.",
-      'Per device, flops and bytes = the lowered (backend-independent) cost analysis x the '
-      'share one device does in the partitioned XLA:CPU compile (XLA:CPU computes bfloat16 '
-      'dots in float32, so its own byte counts are not an accelerator\'s; see '
-      'specdec_t5x/research/compiled_costs.py). Roofline time = max(flops / peak, bytes / '
-      'HBM bandwidth); collectives and launch latency are left out (a lower bound, kindest '
-      'to small drafts). Chips: ' + chips) + [
-      "## Table 2: the paper's speedup and the predicted one", '',
-      'Predicted = E[tokens](alpha, gamma) t(1) / (gamma t_draft(1) + t_verify(gamma + 1)) '
-      "(theory.walltime_improvement_measured) from the paper's alpha and the roofline times.",
-      ''] + table2_lines(data) + [
-      '', '## c = t_draft(1) / t_target(1) for each paper pair', ''] + _pairs_lines(data) + [
-      '', '## Programs (per device; GB = 1e9 bytes)', '',
-      'Bytes are counted before fusion, so they overstate activation traffic: a step at '
-      'batch 1 is dominated by its weights either way; the prefill (compute-bound on an '
-      'accelerator) is shown memory-bound here.', ''] + _programs_lines(data) + [
-      '', '## Roofline time per call', ''] + _times_lines(data) + [
-      '', '## Memory per device of a speculative decode (resident: both models\' params '
-      'and caches; GiB, and whether it fits each chip)', '',
-      'Temporaries are not predicted (XLA:CPU\'s are float32 copies of the weights); the '
-      'JSON holds each chip\'s headroom for them.', ''] + _memory_lines(data) + ['']
+      "'model' n) fake host devices, caches split by heads.",
+      'Per device: bytes = what a program must move (its arguments read once, its outputs '
+      'written once: the memory analysis of the compiled program, exact shard sizes); '
+      "unfused bytes = the lowered HLO's bytes accessed (before fusion: an upper bound); "
+      "flops = the lowered HLO's. Both lowered figures are scaled by the share one device "
+      'does in the partitioned compile (XLA:CPU computes bfloat16 dots in float32, so its '
+      "own byte counts are not an accelerator's; see specdec_t5x/research/compiled_costs.py)."
+      ' Roofline time = max(flops / peak, bytes / HBM bandwidth); collectives and launch '
+      'latency are left out (kindest to small drafts). Chips: ' + chips)
+  lines += ["## Table 2: the paper's speedup and the predicted one", '',
+            'Predicted = E[tokens](alpha, gamma) t(1) / (gamma t_draft(1) + t_verify(gamma + 1))'
+            " (theory.walltime_improvement_measured) from the paper's alpha and the roofline "
+            'times; the last column times the calls by their unfused bytes instead.', '']
+  lines += table2_lines(data)
+  lines += ['', '## c = t_draft(1) / t_target(1) for each paper pair', '']
+  lines += _pairs_lines(data)
+  lines += ['', '## Programs (per device; GB = 1e9 bytes)', '',
+            'Unfused bytes count every intermediate (e.g. the float32 logits kernel converted '
+            'apart); the share is the part of the flops one device does.', '']
+  lines += _programs_lines(data)
+  lines += ['', '## Roofline time per call (bytes: arguments and outputs once)', '']
+  lines += _times_lines(data)
+  lines += ['', "## Memory per device of a speculative decode (resident: both models' params "
+            'and caches; GiB, and whether it fits each chip)', '',
+            "Temporaries are not predicted (XLA:CPU's are float32 copies of the weights); the "
+            "JSON holds each chip's headroom for them.", '']
+  return lines + _memory_lines(data) + ['']
