@@ -77,8 +77,16 @@ def _pairs_lines(data: Dict[str, Any]) -> List[str]:
     seen.add(r['draft'])
     rows.append([r['draft']] + [f"{r['predicted'][k]['c']:.4f}" for k in keys] +
                 [f"{r['predicted'][keys[0]]['c_unfused']:.4f}"])
+  verify = {}
+  for r in data['table2']:
+    verify.setdefault(r['gamma'], r['predicted'])
   return harness.table(['draft'] + [f'c {k}' for k in keys] + [f'c {keys[0]}, unfused bytes'],
-                       rows, 'l' + 'r' * (len(keys) + 1))
+                       rows, 'l' + 'r' * (len(keys) + 1)) + [
+      '', 't_verify(gamma + 1) / t_target(1) at the paper\'s gammas:', ''] + harness.table(
+      ['gamma'] + keys + [f'{keys[0]}, unfused bytes'],
+      [[g] + [f"{p[k]['verify_ratio']:.4f}" for k in keys] +
+       [f"{p[keys[0]]['verify_ratio_unfused']:.4f}"] for g, p in sorted(verify.items())],
+      'r' * (len(keys) + 2))
 
 
 def _memory_lines(data: Dict[str, Any]) -> List[str]:
@@ -123,7 +131,7 @@ def render(report: harness.Report) -> List[str]:
             " (theory.walltime_improvement_measured) from the paper's alpha and the roofline "
             'times; the last column times the calls by their unfused bytes instead.', '']
   lines += table2_lines(data)
-  lines += ['', '## c = t_draft(1) / t_target(1) for each paper pair', '']
+  lines += ['', '## c = t_draft(1) / t_target(1) for each paper pair, and the verify cost', '']
   lines += _pairs_lines(data)
   lines += ['', '## Programs (per device; GB = 1e9 bytes)', '',
             'Unfused bytes count every intermediate (e.g. the float32 logits kernel converted '
