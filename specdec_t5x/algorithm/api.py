@@ -9,6 +9,8 @@ matmul (`decode_variables`).
 from __future__ import annotations
 
 import collections
+import functools
+import logging
 from typing import Any, Callable, Optional, Tuple, Union
 import weakref
 
@@ -56,11 +58,19 @@ def decode_variables(module, params) -> dict:
   Only concrete packed kernels are cached. Called inside an outer trace (generate under
   jit/pjit, as T5X's infer calls the model), packing is staged into that trace even for
   concrete params, and its values must not outlive it: they are packed per call there.
+
+  Params spread over more than one device (`_devices_holding`) get no packed kernels: the
+  packing would gather every weight onto each device and each would compute the whole
+  model, so XLA's dot (which GSPMD partitions) is used, with one log line.
   """
   variables = {'params': params}
   if not isinstance(module, network.Transformer) or not cpu_kernels.enabled():
     return variables
   leaves = jax.tree_util.tree_leaves(params)
+  spread = _devices_holding(leaves)
+  if spread > 1:
+    _log_sharded(spread)
+    return variables
   key = tuple(id(x) for x in leaves)  # packing depends on the params alone
   hit = _PACKED.get(key)
   if hit is None or any(ref() is not x for ref, x in zip(hit[0], leaves)):
@@ -79,6 +89,30 @@ def decode_variables(module, params) -> dict:
 
 
 _pack = jax.jit(network.decode_kernels)
+
+
+def _devices_holding(leaves) -> int:
+  """How many devices params may be spread over: for concrete leaves, the largest device
+  set of a jax.Array's sharding (numpy leaves: 1). Inside a trace the shardings of a
+  partitioned program cannot be seen (pjit's in_shardings leave no trace on the tracers),
+  so traced params count as spread over every device of the job (`jax.device_count()`):
+  on a one-device host they are packed as before; on a multi-device one XLA's dot is kept.
+  """
+  most = 1
+  for x in leaves:
+    if _is_traced(x):
+      return max(most, jax.device_count())
+    sharding = getattr(x, 'sharding', None)
+    if sharding is not None:
+      most = max(most, len(sharding.device_set))
+  return most
+
+
+@functools.lru_cache(maxsize=None)
+def _log_sharded(devices: int) -> None:
+  logging.warning('specdec_t5x: params are (or may be) spread over %d devices; the packed '
+                  'CPU matmul would gather every weight onto each of them, so decoding '
+                  'uses XLA dot.', devices)
 
 
 def _extend_fn(module, variables) -> decoding.ExtendFn:
