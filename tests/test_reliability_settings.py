@@ -125,6 +125,7 @@ def test_inputs_hash_depends_on_every_feature_and_the_order():
      r"task_data_dir must be an existing directory \(or None\), got '/nonexistent/data'"),
     (["--gin.infer.task_vocab_path='/nonexistent/spm.model'"],
      r'task_vocab_path must be an existing file'),
+    (['--gin.BATCH_SIZE=2.5'], r'batch_size \(BATCH_SIZE\) must be an integer >= 1, got 2.5'),
     (["--gin.MIXTURE_OR_TASK_SPLIT=''"], r"split \(DatasetConfig.split\) must be a non-empty"),
     (['--gin.utils.DatasetConfig.shuffle=True'], r'DatasetConfig.shuffle must be False'),
     (['--gin.utils.DatasetConfig.pack=True'], r'DatasetConfig.pack must be False'),

@@ -100,7 +100,9 @@ def check_dataset_cfg(cfg: Any) -> None:
             "a mapping with 'inputs' and 'targets'")
   for key in ('inputs', 'targets'):
     check_int(f"task_feature_lengths['{key}'] (TASK_FEATURE_LENGTHS)", lengths[key], 1)
-  if not _is_int(cfg.batch_size) or cfg.batch_size < 1:
+  if not _is_int(cfg.batch_size):
+    _refuse('batch_size (BATCH_SIZE)', cfg.batch_size, 'an integer >= 1')
+  if cfg.batch_size < 1:
     raise ValueError(f'batch_size must be >= 1, got {cfg.batch_size} (BATCH_SIZE).')
   for field in ('shuffle', 'pack'):
     if getattr(cfg, field, False):
