@@ -154,3 +154,18 @@ def test_failed_save_ends_in_one_clear_error_and_resumes(data_dir, tmp_path, mon
   monkeypatch.setattr(ts, 'open', real_open)
   _, summary = training.train(tiny_model(), data_dir, work, cfg, allow_changed_config=True)
   assert summary['step'] == 4 and train_state.latest_step(work) == 4
+
+
+@pytest.mark.parametrize('field,value,rule', [
+    ('save_every', 0, 'an integer >= 1'), ('log_every', -1, 'an integer >= 1'),
+    ('batch_size', 2.5, 'an integer >= 1'), ('steps', -1, 'an integer >= 0 or None'),
+    ('keep', 0, 'an integer >= 1 or None'), ('optimizer', 'sgd', "'adamw' or 'adafactor'"),
+    ('learning_rate', float('nan'), 'a finite number > 0'),
+    ('learning_rate', 0.0, 'a finite number > 0'),
+    ('kd_weight', 1.5, r'a finite number >= 0 and <= 1'),
+    ('max_seconds', -1.0, 'a finite number >= 0 or None'),
+    ('mixing_rates', {'ende': 0.0}, r'None or \{task: finite rate >= 0\}, not all 0'),
+])
+def test_bad_train_settings_are_named(field, value, rule):
+  with pytest.raises(ValueError, match=rf'TrainConfig.{field} must be {rule}, got '):
+    small_cfg(**{field: value})
