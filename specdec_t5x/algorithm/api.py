@@ -233,9 +233,11 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
     target: (module, params) of the target model (network.Transformer or compatible).
     encoder_input_tokens: [batch, enc_len] int token ids, 0 = padding.
     draft: (module, params) of the draft model; None gives autoregressive decoding.
-    gamma: draft tokens per speculative step (>= 1).
+    gamma: draft tokens per speculative step, 1 <= gamma <= min(max_decode_length,
+      config.MAX_GAMMA): larger ones are refused (never capped: sampled tokens depend on
+      gamma), since they only add unrolled draft calls to compile.
     temperature: 0 = greedy; otherwise sampling temperature (same for target and draft).
-    topk: keep the k most likely tokens (0 = off).
+    topk: keep the k most likely tokens (0 = off; at most the target's vocab_size).
     topp: keep the nucleus of mass topp (0 = off). At most one of topk/topp.
     max_decode_length: number of decoder tokens to produce at most (>= 1).
     rng: PRNG key; each batch row gets its own stream. Defaults to PRNGKey(0).
@@ -257,7 +259,8 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
     returned: see Raises.
 
   Raises:
-    ValueError: a bad setting; non-finite temperature; or, for concrete inputs, a token id
+    ValueError: a bad setting (checked before tracing: topk > vocab_size, gamma >
+      max_decode_length, ...); non-finite temperature; or, for concrete inputs, a token id
       outside [0, target vocab_size) (named with its row and column). Inputs traced under
       an outer jit cannot be checked: out-of-range ids there give undefined tokens.
     FloatingPointError: the target or draft produced NaN/inf logits for a decoding row
@@ -280,6 +283,8 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
   if int(max_decode_length) != max_decode_length or max_decode_length < 1:
     raise ValueError(f'max_decode_length must be an integer >= 1, got {max_decode_length}.')
   target_module, target_params = target
+  config.check_models(vocab_size=_vocab_size(target_module),
+                      max_decode_length=int(max_decode_length), speculative=draft is not None)
   tokens = _check_encoder_inputs(encoder_input_tokens, _vocab_size(target_module))
   draft_module, draft_params = draft if draft is not None else (None, None)
   if draft_module is not None:
