@@ -16,7 +16,9 @@ a run cut short keeps what it measured. Parts (--parts):
    on the device: costs do not depend on values), batch 1, --enc_len inputs: the prefill
    (encoder + cache) and one cached decoder call over k = 1, 2, 4, 8 positions (the target
    also at every gamma + 1 used below), timing.call_costs (interleaved medians);
-   c = t_draft(1) / t_target(1) for each paper pair and t_verify(gamma + 1) / t_target(1).
+   c = t_draft(1) / t_target(1) for each paper pair and t_verify(gamma + 1) / t_target(1);
+   beside them the compiler's predictions of the same (--compiled_json, from
+   scripts/compiled_report.py), so a first run calibrates that model.
 2. table2: the paper's 12 Table 2 rows predicted from the paper's alpha and these costs,
    theory.walltime_improvement_measured, beside the paper's measured speedups; also the
    cost model with free verification (c only) and theory's best gamma for the costs.
@@ -48,6 +50,7 @@ this. --compile_cache=DIR reuses compiled programs on a rerun on the same machin
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -102,6 +105,9 @@ def parse_args(argv):
   ap.add_argument('--batch_sizes', default='1,8,32,128')
   ap.add_argument('--batch_gamma', type=int, default=3)
   ap.add_argument('--compile_cache', default='', help='persistent XLA compilation cache dir')
+  ap.add_argument('--compiled_json', default=harness.results_path(__file__, 'compiled_table2.json'),
+                  help="the compiler's predictions (scripts/compiled_report.py), shown beside "
+                  'the measured costs when the file exists')
   if '--tiny' in argv:
     ap.set_defaults(**TINY_DEFAULTS)
   args = ap.parse_args(argv)
@@ -303,6 +309,10 @@ def main(argv=None):
     enc = jnp.asarray(np.random.RandomState(0).randint(2, args.vocab, (1, args.enc_len)),
                       jnp.int32)
     timed_part('costs', lambda: part_costs(args, models, enc))
+    if os.path.exists(args.compiled_json):
+      with open(args.compiled_json, encoding='utf-8') as f:
+        report['vs_compiled'] = device_tables.vs_compiled(
+            report['costs'], json.load(f), report.environment['device_kind'])
     if 'table2' in parts:
       timed_part('table2', lambda: part_table2(report['costs']))
     if 'efficiency' in parts:

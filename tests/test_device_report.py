@@ -32,6 +32,9 @@ def test_device_report_tiny_runs_every_part(tmp_path):
   assert saved['command'] == f'python scripts/device_report.py --tiny --out {out}'
   assert saved['environment']['device_kind'] and saved['environment']['git_revision']
   assert set(saved['part_seconds']) == {'weights', 'costs', 'table2', 'efficiency', 'demo'}
+  # the committed compiler predictions (results/compiled_table2.json) beside the costs
+  assert set(saved['vs_compiled']['sizes']) == {'small', 'xxl'}
+  assert "beside the compiler's predictions" in md
 
   # 1. costs: every size timed; c and the verify ratio follow from the call costs.
   costs = result['costs']

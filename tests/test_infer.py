@@ -209,7 +209,8 @@ def test_clear_errors(env, extra, error, pattern):
 
 def test_long_inputs_are_cut_as_t5x_does_and_counted(env):
   out = env['root'] / 'cut'
-  metrics = infer.main(_flags(env, out, "--gin.TASK_FEATURE_LENGTHS={'inputs': 6, 'targets': 4}"))
+  metrics = infer.main(_flags(env, out, "--gin.TASK_FEATURE_LENGTHS={'inputs': 6, 'targets': 4}",
+                              '--gin.GAMMA=3'))  # gamma <= the decode length
   assert metrics['inputs_at_length_limit'] == metrics['num_examples'] == NUM_EXAMPLES
   assert len(_lines(out / OUTPUT)) == NUM_EXAMPLES
 

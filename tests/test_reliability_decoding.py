@@ -99,3 +99,47 @@ def test_empty_batch_is_a_clear_error(target_and_draft):
   target, _ = target_and_draft
   with pytest.raises(ValueError, match=r'encoder_input_tokens is empty \(shape \(0, 9\)\)'):
     generate(target, np.zeros((0, 9), np.int32), max_decode_length=4)
+
+
+# ------------------------------- decode settings against the models, before any tracing
+
+
+def _no_trace(monkeypatch):
+  """Makes any compilation of the decode fail loudly: the checks must come first."""
+  from specdec_t5x.algorithm import api  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(api, '_compiled', lambda *a, **k: pytest.fail('traced before checks'))
+
+
+@pytest.mark.parametrize('kwargs,pattern', [
+    (dict(topk=41), r'topk must be <= the vocabulary size \(40\), got 41'),
+    (dict(gamma=9), r'gamma must be <= max_decode_length \(8\).*got 9'),
+    (dict(gamma=10000), r'gamma must be <= 64 \(MAX_GAMMA'),
+    (dict(topk=2.5), r'topk must be an integer >= 0 \(0 = off\), got 2.5'),
+    (dict(topp='0.5'), r"topp must be a number, got '0.5'"),
+    (dict(lenience=None), r'lenience must be a number, got None'),
+], ids=['topk_over_vocab', 'gamma_over_length', 'gamma_huge', 'topk_float', 'topp_str',
+        'lenience_none'])
+def test_decode_settings_checked_against_the_models(target_and_draft, monkeypatch, kwargs,
+                                                    pattern):
+  target, draft = target_and_draft
+  _no_trace(monkeypatch)
+  with pytest.raises(ValueError, match=pattern):
+    generate(target, random_inputs(1, 9, 40), draft=draft, max_decode_length=8, **kwargs)
+
+
+def test_gamma_bound_applies_to_drafting_only(target_and_draft):
+  """Without a draft gamma is unused; the largest gamma a decode can take still decodes
+  exactly (greedy: the target's tokens)."""
+  target, draft = target_and_draft
+  enc = random_inputs(2, 9, 40, seed=3)
+  ar = generate(target, enc, max_decode_length=3, gamma=4)
+  sp = generate(target, enc, draft=draft, max_decode_length=3, gamma=3)
+  np.testing.assert_array_equal(sp.tokens, ar.tokens)
+
+
+def test_gamma_policy_numbers_must_be_finite():
+  from specdec_t5x.algorithm.config import GammaPolicy  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError, match=r'cost_ratio must be a finite number >= 0, got nan'):
+    GammaPolicy('running_alpha', cost_ratio=float('nan'))
+  with pytest.raises(ValueError, match=r"gamma_policy threshold must be a number, got 'x'"):
+    GammaPolicy('confidence', threshold='x')

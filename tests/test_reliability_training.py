@@ -6,11 +6,12 @@ import collections
 import json
 import os
 import shutil
+import threading
 
 import pytest
 
 from specdec_t5x.research import train_config, train_state, training
-from test_training import data_dir, small_cfg, tiny_model  # pylint: disable=unused-import
+from test_training import VOCAB, data_dir, small_cfg, tiny_model  # pylint: disable=unused-import
 
 pytestmark = pytest.mark.slow  # training runs, interrupted and resumed
 
@@ -74,3 +75,99 @@ def test_interrupted_save_never_loads_and_log_not_duplicated(data_dir, tmp_path)
   # 4 log, and step 4, logged before the kill and again after the resume, only once.
   assert per_step == {2: 1, 4: 1}, per_step
   assert [r['step'] for r in records if r.get('event') == 'end'] == [4]
+
+
+# ------------------------------------- bad data, non-finite losses and failed saves
+
+
+def _copy_data(data_dir, dst, **edits):
+  """data_dir's npz files copied to `dst`, with {(file, key, row, col): value} edits."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  os.makedirs(dst)
+  for name in os.listdir(data_dir):
+    with np.load(os.path.join(data_dir, name)) as z:
+      arrays = {k: z[k].copy() for k in z.keys()}
+    for (fname, key, row, col), value in edits.get('edits', {}).items():
+      if fname == name:
+        arrays[key][row, col] = value
+    np.savez(os.path.join(dst, name), **arrays)
+  return str(dst)
+
+
+@pytest.mark.parametrize('value', [VOCAB, -2], ids=['vocab_size', 'negative'])
+def test_token_ids_outside_the_vocabulary_are_refused_at_load(data_dir, tmp_path, value):
+  model = tiny_model()
+  rule = rf'\[0, {VOCAB}\)'
+  bad = _copy_data(data_dir, tmp_path / 'd',
+                   edits={('summarize_train.npz', 'targets', 3, 0): value})
+  work = tmp_path / 'w'
+  with pytest.raises(ValueError, match=rf'summarize_train.npz: targets row 3 \(column 0\) '
+                                       rf'holds token id {value}, outside the vocabulary {rule}'):
+    training.train(model, bad, str(work), small_cfg(steps=2))
+  assert not work.exists()  # Refused before the workdir is made.
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
+  work = str(tmp_path / 'w')
+  training.train(tiny_model(), data_dir, work, small_cfg(steps=2, save_every=2))
+  before = sorted(os.listdir(work))
+  # An absurd learning rate sends the params to inf and the loss to NaN within steps.
+  with pytest.raises(FloatingPointError,
+                     match=r'Training stopped: (the training loss of step \d is (nan|inf)|the '
+                           r'parameters are no longer finite)\. Nothing was saved after it: '
+                           r'the last good checkpoint is step 2 in '):
+    training.train(tiny_model(), data_dir, work,
+                   small_cfg(steps=8, save_every=2, learning_rate=1e30),
+                   allow_changed_config=True)
+  assert train_state.latest_step(work) == 2
+  assert sorted(os.listdir(work)) == before  # No checkpoint_4, no temporary save.
+
+
+def test_failed_save_ends_in_one_clear_error_and_resumes(data_dir, tmp_path, monkeypatch):
+  import tensorstore as ts  # pylint: disable=g-import-not-at-top
+  work = str(tmp_path / 'w')
+  cfg = small_cfg(steps=4, save_every=2)
+  training.train(tiny_model(), data_dir, work, small_cfg(steps=2, save_every=2))
+  real_save, real_open = train_state.save, ts.open
+
+  def disk_full(*args, **kwargs):
+    raise OSError(28, 'No space left on device')
+
+  spawned = []  # Orbax's writer threads of the failed save.
+
+  def save_on_full_disk(*args, **kwargs):  # Orbax's writer threads fail, as on a full disk.
+    monkeypatch.setattr(ts, 'open', disk_full)  # From now on, as a disk stays full.
+    before = set(threading.enumerate())
+    try:
+      return real_save(*args, **kwargs)
+    finally:
+      spawned.extend(set(threading.enumerate()) - before)
+
+  monkeypatch.setattr(train_state, 'save', save_on_full_disk)
+  with pytest.raises(RuntimeError, match=r'Saving the checkpoint of step 4 in .* failed '
+                                         r'\(.*No space left on device.*\).*The last good '
+                                         r'checkpoint is step 2: .*rerun to resume'):
+    training.train(tiny_model(), data_dir, work, cfg, allow_changed_config=True)
+  # Orbax's writer threads have ended (and logged) before the error: none is left to
+  # print its traceback after it.
+  assert not [t.name for t in spawned if t.is_alive()]
+  assert train_state.latest_step(work) == 2
+  monkeypatch.setattr(train_state, 'save', real_save)
+  monkeypatch.setattr(ts, 'open', real_open)
+  _, summary = training.train(tiny_model(), data_dir, work, cfg, allow_changed_config=True)
+  assert summary['step'] == 4 and train_state.latest_step(work) == 4
+
+
+@pytest.mark.parametrize('field,value,rule', [
+    ('save_every', 0, 'an integer >= 1'), ('log_every', -1, 'an integer >= 1'),
+    ('batch_size', 2.5, 'an integer >= 1'), ('steps', -1, 'an integer >= 0 or None'),
+    ('keep', 0, 'an integer >= 1 or None'), ('optimizer', 'sgd', "'adamw' or 'adafactor'"),
+    ('learning_rate', float('nan'), 'a finite number > 0'),
+    ('learning_rate', 0.0, 'a finite number > 0'),
+    ('kd_weight', 1.5, r'a finite number >= 0 and <= 1'),
+    ('max_seconds', -1.0, 'a finite number >= 0 or None'),
+    ('mixing_rates', {'ende': 0.0}, r'None or \{task: finite rate >= 0\}, not all 0'),
+])
+def test_bad_train_settings_are_named(field, value, rule):
+  with pytest.raises(ValueError, match=rf'TrainConfig.{field} must be {rule}, got '):
+    small_cfg(**{field: value})

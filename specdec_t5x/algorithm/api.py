@@ -9,7 +9,9 @@ matmul (`decode_variables`).
 from __future__ import annotations
 
 import collections
-from typing import Any, Optional, Tuple
+import functools
+import logging
+from typing import Any, Callable, Optional, Tuple
 import weakref
 
 import flax.struct
@@ -64,11 +66,19 @@ def decode_variables(module, params) -> dict:
   Only concrete packed kernels are cached. Called inside an outer trace (generate under
   jit/pjit, as T5X's infer calls the model), packing is staged into that trace even for
   concrete params, and its values must not outlive it: they are packed per call there.
+
+  Params spread over more than one device (`_devices_holding`) get no packed kernels: the
+  packing would gather every weight onto each device and each would compute the whole
+  model, so XLA's dot (which GSPMD partitions) is used, with one log line.
   """
   variables = {'params': params}
   if not isinstance(module, network.Transformer) or not cpu_kernels.enabled():
     return variables
   leaves = jax.tree_util.tree_leaves(params)
+  spread = _devices_holding(leaves)
+  if spread > 1:
+    _log_sharded(spread)
+    return variables
   key = tuple(id(x) for x in leaves)  # packing depends on the params alone
   hit = _PACKED.get(key)
   if hit is None or any(ref() is not x for ref, x in zip(hit[0], leaves)):
@@ -89,6 +99,30 @@ def decode_variables(module, params) -> dict:
 _pack = jax.jit(network.decode_kernels)
 
 
+def _devices_holding(leaves) -> int:
+  """How many devices params may be spread over: for concrete leaves, the largest device
+  set of a jax.Array's sharding (numpy leaves: 1). Inside a trace the shardings of a
+  partitioned program cannot be seen (pjit's in_shardings leave no trace on the tracers),
+  so traced params count as spread over every device of the job (`jax.device_count()`):
+  on a one-device host they are packed as before; on a multi-device one XLA's dot is kept.
+  """
+  most = 1
+  for x in leaves:
+    if _is_traced(x):
+      return max(most, jax.device_count())
+    sharding = getattr(x, 'sharding', None)
+    if sharding is not None:
+      most = max(most, len(sharding.device_set))
+  return most
+
+
+@functools.lru_cache(maxsize=None)
+def _log_sharded(devices: int) -> None:
+  logging.warning('specdec_t5x: params are (or may be) spread over %d devices; the packed '
+                  'CPU matmul would gather every weight onto each of them, so decoding '
+                  'uses XLA dot.', devices)
+
+
 def _extend_fn(module, variables) -> decoding.ExtendFn:
   def fn(cache, tokens, positions):
     return module.apply(variables, cache, tokens, positions, method='extend')
@@ -100,6 +134,32 @@ def _prepare(module, variables, encoder_tokens, cache_len):
   return module.apply(variables, encoded, encoder_tokens, cache_len, method='init_cache')
 
 
+def decode_program(target_module, draft_module, *, max_len: int, config: DecodeConfig,
+                   wrap: Optional[Callable[[str, decoding.ExtendFn], decoding.ExtendFn]] = None):
+  """The whole generation, not yet jitted: fn(target_vars, draft_vars, encoder_tokens, rng,
+  eos_id, prompt=None) -> (tokens, stats). `wrap(name, fn)`, if given, replaces the
+  'target' and 'draft' ExtendFns the loops call (e.g. research/loop_probe.py's timers)."""
+  wrap = wrap or (lambda name, fn: fn)
+
+  def run(target_vars, draft_vars, encoder_tokens, rng, eos_id, prompt=None):
+    batch = encoder_tokens.shape[0]
+    # Positions written: up to max_len + gamma (finished rows keep computing in place).
+    cache_len = max_len + (config.gamma if draft_module is not None else 0) + 1
+    target_cache = _prepare(target_module, target_vars, encoder_tokens, cache_len)
+    target_fn = wrap('target', _extend_fn(target_module, target_vars))
+    if draft_module is None:
+      return decoding.autoregressive_decode(target_fn, target_cache, rng, batch=batch,
+                                            max_len=max_len, config=config, eos_id=eos_id,
+                                            prompt=prompt)
+    draft_cache = _prepare(draft_module, draft_vars, encoder_tokens, cache_len)
+    return decoding.speculative_decode(
+        target_fn, wrap('draft', _extend_fn(draft_module, draft_vars)), target_cache,
+        draft_cache, rng, batch=batch, max_len=max_len, config=config, eos_id=eos_id,
+        prompt=prompt)
+
+  return run
+
+
 _COMPILED: 'collections.OrderedDict[Any, Any]' = collections.OrderedDict()
 _COMPILED_KEEP = 32  # compiled programs kept (least recently used dropped), as _PACKED
 
@@ -109,29 +169,13 @@ def _compiled(target_module, draft_module, *, max_len: int, config: DecodeConfig
     config = DecodeConfig.from_sampling(config.sampling, gamma=1)
   key = (_module_key(target_module), draft_module and _module_key(draft_module),
          max_len, config)
-  if key in _COMPILED:
-    _COMPILED.move_to_end(key)
-    return _COMPILED[key]
-
-  def run(target_vars, draft_vars, encoder_tokens, rng, eos_id, prompt):
-    batch = encoder_tokens.shape[0]
-    # Positions written: up to max_len + gamma (finished rows keep computing in place).
-    cache_len = max_len + (config.gamma if draft_module is not None else 0) + 1
-    target_cache = _prepare(target_module, target_vars, encoder_tokens, cache_len)
-    target_fn = _extend_fn(target_module, target_vars)
-    if draft_module is None:
-      return decoding.autoregressive_decode(target_fn, target_cache, rng, batch=batch,
-                                            max_len=max_len, config=config, eos_id=eos_id,
-                                            prompt=prompt)
-    draft_cache = _prepare(draft_module, draft_vars, encoder_tokens, cache_len)
-    return decoding.speculative_decode(
-        target_fn, _extend_fn(draft_module, draft_vars), target_cache, draft_cache, rng,
-        batch=batch, max_len=max_len, config=config, eos_id=eos_id, prompt=prompt)
-
-  fn = _COMPILED[key] = jax.jit(run)
-  while len(_COMPILED) > _COMPILED_KEEP:
-    _COMPILED.popitem(last=False)
-  return fn
+  if key not in _COMPILED:
+    _COMPILED[key] = jax.jit(decode_program(target_module, draft_module, max_len=max_len,
+                                            config=config))
+    while len(_COMPILED) > _COMPILED_KEEP:
+      _COMPILED.popitem(last=False)
+  _COMPILED.move_to_end(key)
+  return _COMPILED[key]
 
 
 def _is_traced(x) -> bool:
@@ -215,8 +259,10 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
       decoder prompt, its leading non-zero tokens; the row continues after them (the
       returned tokens start with the prompt, which the statistics do not count).
     **settings: DecodeConfig's fields, instead of `config`. gamma: draft tokens per
-      step (>= 1); temperature: 0 = greedy, else the sampling temperature of target and
-      draft alike; topk / topp: keep the k most likely tokens / the nucleus of mass topp
+      step, 1 <= gamma <= min(max_decode_length, config.MAX_GAMMA) (larger ones are
+      refused, never capped: sampled tokens depend on gamma); temperature: 0 = greedy,
+      else the sampling temperature of target and draft alike; topk / topp: keep the k
+      most likely tokens (at most the target's vocab_size) / the nucleus of mass topp
       (0 = off); lenience: l in (0, 1], l < 1 the paper's LOSSY relaxation; verifier:
       'token' (Algorithm 1) or 'block' (Sun et al. 2025, also exact); gamma_policy:
       'fixed', 'confidence', 'running_alpha' or a GammaPolicy (adaptive draft lengths,
@@ -230,7 +276,8 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
     returned: see Raises.
 
   Raises:
-    ValueError: a bad setting; non-finite temperature; or, for concrete inputs, a token id
+    ValueError: a bad setting (checked before tracing: topk > vocab_size, gamma >
+      max_decode_length, ...); non-finite temperature; or, for concrete inputs, a token id
       outside [0, target vocab_size) (named with its row and column). Inputs traced under
       an outer jit cannot be checked: out-of-range ids there give undefined tokens.
     FloatingPointError: the target or draft produced NaN/inf logits for a decoding row
@@ -249,6 +296,8 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
   if int(max_decode_length) != max_decode_length or max_decode_length < 1:
     raise ValueError(f'max_decode_length must be an integer >= 1, got {max_decode_length}.')
   target_module, target_params = target
+  config.check_models(vocab_size=_vocab_size(target_module),
+                      max_decode_length=int(max_decode_length), speculative=draft is not None)
   tokens = _check_encoder_inputs(encoder_input_tokens, _vocab_size(target_module))
   draft_module, draft_params = draft if draft is not None else (None, None)
   if draft_module is not None:

@@ -37,7 +37,7 @@ def choose_gamma(target: ModelAndParams, draft: ModelAndParams, enc: Any, *, alp
     enc: [batch, length] encoder inputs to time the calls on (the decode's batch).
     alpha: the acceptance rate to plan for.
     max_len: the decode length (the caches get its max_len + max_gamma + 1 slots).
-    max_gamma: the largest gamma considered.
+    max_gamma: the largest gamma considered (at most max_len: generate refuses more).
     num_calls, repeats: timing.call_costs' settings.
 
   Returns:
@@ -49,6 +49,7 @@ def choose_gamma(target: ModelAndParams, draft: ModelAndParams, enc: Any, *, alp
     raise ValueError(f'alpha must be in [0, 1], got {alpha}.')
   if max_gamma < 1:
     raise ValueError(f'max_gamma must be >= 1, got {max_gamma}.')
+  max_gamma = min(max_gamma, max_len)
   gammas = sorted({g for g in VERIFY_GAMMAS if g < max_gamma} | {max_gamma})
   specs = {'t_target': (*target, 1), 't_draft': (*draft, 1)}
   specs.update({f't_verify_{g + 1}': (*target, g + 1) for g in gammas})
@@ -73,6 +74,7 @@ def warmup_alpha(target: ModelAndParams, draft: ModelAndParams, enc: Any, *, max
   over the draft lengths the decode made (draft_length_histogram: the policy's and those
   cut short near max_len), equals the measured tokens per target call.
   """
+  gamma = min(gamma, max_len)
   out = api.generate(target, enc, draft=draft, max_decode_length=max_len, rng=rng,
                      eos_id=eos_id, config=config.replace(gamma=gamma))
   generated = float(np.sum(out.stats['generated_tokens']))

@@ -37,10 +37,12 @@ class GammaPolicy:
   def __post_init__(self):
     if self.kind not in GAMMA_POLICIES:
       raise ValueError(f'gamma_policy must be one of {GAMMA_POLICIES}, got {self.kind!r}.')
+    for name in ('threshold', 'cost_ratio', 'decay'):
+      object.__setattr__(self, name, _number(f'gamma_policy {name}', getattr(self, name)))
     if not 0.0 <= self.threshold <= 1.0:
       raise ValueError(f'confidence threshold must be in [0, 1], got {self.threshold}.')
-    if self.cost_ratio < 0:
-      raise ValueError(f'cost_ratio must be >= 0, got {self.cost_ratio}.')
+    if not 0.0 <= self.cost_ratio < float('inf'):
+      raise ValueError(f'cost_ratio must be a finite number >= 0, got {self.cost_ratio}.')
     if not 0.0 < self.decay <= 1.0:
       raise ValueError(f'decay must be in (0, 1], got {self.decay}.')
 
@@ -55,6 +57,22 @@ def _integer(value: Any) -> Optional[int]:
     return None
 
 
+def _number(name: str, value: Any) -> float:
+  """`value` as a float, or a ValueError naming the setting (not a bare TypeError)."""
+  if isinstance(value, (bool, str)) or value is None:
+    raise ValueError(f'{name} must be a number, got {value!r}.')
+  try:
+    return float(value)
+  except (TypeError, ValueError):
+    raise ValueError(f'{name} must be a number, got {value!r}.') from None
+
+
+# gamma's bound: the fixed policy unrolls gamma draft calls into the compiled step, so
+# compile time grows with gamma; the paper's best gammas are 3-7 and gamma='auto' picks
+# at most 8. A decode also never drafts more than max_decode_length tokens (check_models).
+MAX_GAMMA = 64
+
+
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
   """How to decode: every setting of `specdec_t5x.generate` but the inputs and lengths.
@@ -64,8 +82,12 @@ class DecodeConfig:
       draft alike (sampling.SamplingConfig).
     topk: keep the k most likely tokens (0 = off).
     topp: keep the nucleus of mass topp (0 = off). At most one of topk / topp.
-    gamma: draft tokens per target call (>= 1), or 'auto': chosen by the T5X model at
-      its first batch from measured call costs (auto_gamma.py); `generate` needs an int.
+    gamma: draft tokens per target call, 1 <= gamma <= MAX_GAMMA (64) and at most the
+      decode's max_decode_length (check_models: more drafts than the decode can hold only
+      cost compilation; refused, not capped, so a run decodes with the gamma it names and
+      samples alike), or 'auto': chosen by the T5X model at its first batch from
+      measured call costs (auto_gamma.py, capped at max_decode_length); `generate` needs
+      an int.
     gamma_alpha: the alpha that gamma='auto' plans with (None: a warm-up decode).
     gamma_policy: a GammaPolicy, or its kind ('fixed', 'confidence', 'running_alpha')
       with default settings; stored as a GammaPolicy.
@@ -83,7 +105,11 @@ class DecodeConfig:
 
   def __post_init__(self):
     set_ = lambda name, value: object.__setattr__(self, name, value)
-    cfg = sampling_lib.SamplingConfig(float(self.temperature), int(self.topk), float(self.topp))
+    topk = _integer(self.topk)
+    if topk is None:
+      raise ValueError(f'topk must be an integer >= 0 (0 = off), got {self.topk!r}.')
+    cfg = sampling_lib.SamplingConfig(_number('temperature', self.temperature), topk,
+                                      _number('topp', self.topp))
     set_('temperature', cfg.temperature)
     set_('topk', cfg.topk)
     set_('topp', cfg.topp)
@@ -92,9 +118,12 @@ class DecodeConfig:
       if gamma is None or gamma < 1:
         raise ValueError(f"gamma must be >= 1 or 'auto' (an integer: draft tokens per "
                          f'target call), got {self.gamma!r}.')
+      if gamma > MAX_GAMMA:
+        raise ValueError(f'gamma must be <= {MAX_GAMMA} (MAX_GAMMA: gamma draft calls are '
+                         f'unrolled into the compiled step), got {gamma}.')
       set_('gamma', gamma)
     if self.gamma_alpha is not None:
-      set_('gamma_alpha', float(self.gamma_alpha))
+      set_('gamma_alpha', _number('gamma_alpha', self.gamma_alpha))
       if not 0.0 <= self.gamma_alpha <= 1.0:
         raise ValueError(f"gamma_alpha (alpha for gamma='auto') must be in [0, 1], got "
                          f'{self.gamma_alpha}.')
@@ -104,7 +133,7 @@ class DecodeConfig:
     if not isinstance(policy, GammaPolicy):
       raise ValueError(f'gamma_policy must be a str or GammaPolicy, got {policy!r}.')
     set_('gamma_policy', policy)
-    set_('lenience', float(self.lenience))
+    set_('lenience', _number('lenience', self.lenience))
     if not 0.0 < self.lenience <= 1.0:
       raise ValueError(f'lenience must be in (0, 1], got {self.lenience}.')
     if self.verifier not in VERIFIERS:
@@ -114,6 +143,18 @@ class DecodeConfig:
     if policy.kind == 'confidence' and self.verifier == 'block':
       raise ValueError("gamma_policy='confidence' is verified token-wise only: block "
                        'verification assumes draft lengths fixed before drafting.')
+
+  def check_models(self, *, vocab_size: Optional[int], max_decode_length: int,
+                   speculative: bool = True) -> None:
+    """Raises ValueError, before anything is traced, for settings the models and the
+    decode length cannot take: topk > the vocabulary (vocab_size None: not checked), or
+    an integer gamma > max_decode_length when drafting (`speculative`)."""
+    if vocab_size is not None and self.topk > vocab_size:
+      raise ValueError(f'topk must be <= the vocabulary size ({vocab_size}), got '
+                       f'{self.topk}.')
+    if speculative and self.gamma != 'auto' and self.gamma > max_decode_length:
+      raise ValueError(f'gamma must be <= max_decode_length ({max_decode_length}): a step '
+                       f'never drafts more tokens than the decode holds; got {self.gamma}.')
 
   @classmethod
   def from_sampling(cls, cfg: sampling_lib.SamplingConfig, **fields: Any) -> 'DecodeConfig':

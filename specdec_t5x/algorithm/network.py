@@ -126,8 +126,9 @@ class DecoderLayer(nn.Module):
     y = self.pre_self_attention_layer_norm(x)
     q = self.self_attention.project_q(y)
     k_new, v_new = self.self_attention.project_kv(y)  # [b, k, h, d]
-    k_cache = rows.update(layer_cache['k'], k_new.transpose(0, 2, 3, 1), slots, axis=3)
-    v_cache = rows.update(layer_cache['v'], v_new.transpose(0, 2, 1, 3), slots, axis=2)
+    k_cache, v_cache = rows.update_all(
+        (layer_cache['k'], layer_cache['v']),
+        (k_new.transpose(0, 2, 3, 1), v_new.transpose(0, 2, 1, 3)), slots, axes=(3, 2))
     y = self.self_attention.attend_cached(q, k_cache, v_cache, self_bias)
     x = x + y
     cross = lambda z: self.encoder_decoder_attention.attend_cached(

@@ -9,6 +9,7 @@ dynamic slice instead. The values are the same either way.
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 
 def window(x: jax.Array, start: jax.Array, size: int) -> jax.Array:
@@ -26,3 +27,25 @@ def update(x: jax.Array, new: jax.Array, start: jax.Array, axis: int = 1) -> jax
     return jax.lax.dynamic_update_slice_in_dim(x, new, start[0], axis=axis)
   return jax.vmap(lambda row, u, s: jax.lax.dynamic_update_slice_in_dim(row, u, s, axis - 1))(
       x, new, start)
+
+
+def update_all(xs, news, start: jax.Array, axes):
+  """`update` of several buffers at the same per-row offsets, each along its own axis,
+  written in place: -> the updated buffers (a tuple).
+
+  The writes sit inside a `lax.cond` (taken whenever every row's window fits, which the
+  decode loops' cache sizes guarantee; otherwise the buffers are returned unchanged). The
+  branch keeps XLA from fusing a copy of each write into every consumer of the result
+  (the attention that reads the cache, and the loop state that carries it): fused twice,
+  a write cannot be in place, and the whole buffer is copied on every call (seen with
+  batch-1 and single-head shards, whose size-1 dimensions make the consumers reshape).
+  """
+  xs, news = tuple(xs), tuple(news)
+  fits = jnp.all(start >= 0)
+  for x, new, axis in zip(xs, news, axes):
+    fits &= jnp.all(start + new.shape[axis] <= x.shape[axis])
+
+  def write(buffers):
+    return tuple(update(x, new, start, axis) for x, new, axis in zip(buffers, news, axes))
+
+  return jax.lax.cond(fits, write, lambda buffers: buffers, xs)

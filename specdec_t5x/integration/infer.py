@@ -36,12 +36,15 @@ import jax
 import seqio
 from tqdm import tqdm
 
-from specdec_t5x.integration import gin_checks, infer_output, run_dir, tasks, vocab_check
-from specdec_t5x.integration.infer_run import BatchRunner, ChunkStore, load_examples
+from specdec_t5x.integration import (gin_checks, infer_checks, infer_output, run_dir, tasks,
+                                     vocab_check)
+from specdec_t5x.integration.infer_run import (BatchRunner, ChunkStore, examples_sha256,
+                                               load_examples)
 
-MODES = ('predict', 'predict_with_aux')
+MODES = infer_checks.MODES
 
 
+@infer_checks.checked_first
 @run_dir.holds_output_dir_lock
 def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: Any,
           output_dir: str, partitioner: Any = None, checkpoint_period: int = 100,
@@ -82,16 +85,18 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
       with other settings (otherwise refused, finished or not). A run with the same
       settings is never discarded: it resumes, or, finished, is returned undecoded.
 
-  The output_dir is locked (run_dir.DirLock) while this runs: a second runner fails at
-  once naming the holder.
+  Every argument is checked first (infer_checks: checkpoint_period >= 1, 0 <= shard_id <
+  num_shards, lengths >= 1, output_dir a directory or absent, gamma <= the decode length,
+  topk <= the vocabulary, ...): a ValueError names the setting, value and rule before
+  anything is read or written. Then output_dir is locked (run_dir.DirLock) while this
+  runs: a second runner fails at once naming the holder. The run's identity (recorded in
+  metrics.json as `run_settings`) includes its inputs: the number and a SHA-256 of the
+  examples read for this shard, so a finished run is reused, and an unfinished one
+  resumed, only for the same examples.
 
   Returns:
     The metrics dict also written to metrics.json.
   """
-  if mode not in MODES:
-    raise ValueError(f'mode must be one of {MODES}, got {mode!r}.')
-  if int(dataset_cfg.batch_size) < 1:
-    raise ValueError(f'batch_size must be >= 1, got {dataset_cfg.batch_size} (BATCH_SIZE).')
   if task_vocab_path or task_data_dir or tfds_data_dir:
     tasks.register_tasks(task_vocab_path, task_data_dir, tfds_data_dir=tfds_data_dir)
   if getattr(dataset_cfg, 'module', None):
@@ -106,10 +111,6 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
   vocab_check.check_checkpoints_vocabulary(vocab, {
       'TARGET_CHECKPOINT': restore_checkpoint_cfg.path,
       'DRAFT_CHECKPOINT': model.draft_checkpoint if model.is_speculative else None})
-  if restore_checkpoint_cfg.mode == 'all' or not isinstance(restore_checkpoint_cfg.path,
-                                                            (str, type(None))):
-    raise ValueError('Restore one checkpoint: RestoreCheckpointConfig.mode must be '
-                     "'specific' or 'latest' and its path a string.")
   model.check_checkpoints(restore_checkpoint_cfg.path, fallback_init_rng)
 
   os.makedirs(output_dir, exist_ok=True)
@@ -126,7 +127,8 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
                   fallback_init_rng=fallback_init_rng)
   fingerprint = dict(settings, task=name, split=dataset_cfg.split, lengths=lengths,
                      batch_size=batch_size, checkpoint_period=period, shard_id=shard_id,
-                     num_shards=num_shards, num_examples=len(examples), mode=mode,
+                     num_shards=num_shards, num_examples=len(examples),
+                     examples_sha256=examples_sha256(examples), mode=mode,
                      decode_seed=decode_seed, allow_truncation=allow_truncation,
                      compare_baseline=bool(compare_baseline and model.is_speculative))
   output_fname = f'{name}-{mode}.jsonl-{shard_id:05}-of-{num_shards:05}'

@@ -10,6 +10,7 @@ count, and `assemble` concatenates them into the final file, atomically.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -96,6 +97,24 @@ def load_examples(task_name: str, dataset_cfg: Any, *, allow_truncation: bool,
                            f'UTF-8 in {key!r} at byte {e.start}: {value[:80]!r}; fix or '
                            're-encode the source as UTF-8.') from None
   return examples[shard_id::num_shards]
+
+
+def examples_sha256(examples: Sequence[Mapping[str, Any]]) -> str:
+  """SHA-256 of the examples' features in order (names, dtypes, shapes, values): the
+  identity of a run's inputs, so that a finished run is reused only for the same ones."""
+  digest = hashlib.sha256()
+  for example in examples:
+    for key in sorted(example):
+      value = example[key]
+      if isinstance(value, bytes):
+        header, data = 'bytes', value
+      else:
+        array = np.ascontiguousarray(value)
+        header, data = f'{array.dtype.str}{array.shape}', array.tobytes()
+      for part in (key.encode('utf-8'), header.encode('utf-8'), data):
+        digest.update(len(part).to_bytes(8, 'little') + part)
+    digest.update(b'\x00end')
+  return digest.hexdigest()
 
 
 class BatchRunner:

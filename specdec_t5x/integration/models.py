@@ -8,13 +8,10 @@ a plain class with the same constructor and `predict_batch_with_aux` signature, 
 `specdec_t5x.infer` drives. With no draft it decodes autoregressively through the same
 jitted machinery (the paper's baseline).
 
-T5X's contract for `predict_batch_with_aux` (every option T5X's sampling has:
-`num_decodes`, `return_all_decodes`, `prompt_with_targets`, `decode_rng`; t5x_outputs.py):
-decodes [batch, max_decode_length] and an aux dict of per-example arrays, T5X's 'scores'
-and the speculative statistics (T5X's infer splits aux by example). Batch-level statistics
-(the accepted-length histogram) come from `predict_batch_with_stats`. Scoring
-(`score_batch`, `mode='score'`) is T5X's own, inherited: the target model's teacher-forced
-log-likelihood; the standalone model only predicts.
+`predict_batch_with_aux` takes every option of T5X's sampling (t5x_outputs.py) and returns
+T5X's 'scores' with the per-example speculative statistics as aux; batch-level statistics
+come from `predict_batch_with_stats`. Scoring (`score_batch`, `mode='score'`) is T5X's own,
+inherited (the target, teacher forced); the standalone model only predicts.
 """
 
 from __future__ import annotations
@@ -24,13 +21,14 @@ import os
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from absl import logging
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import api, network, stats
+from specdec_t5x.algorithm import api, auto_gamma, network, stats
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.integration import checkpoints, t5x_outputs, vocab_check
+from specdec_t5x.integration import checkpoints, draft_state, t5x_outputs, vocab_check
 
 try:  # T5X is not on PyPI: subclass its model only when it is installed.
   from t5x import models as t5x_models  # type: ignore
@@ -63,10 +61,6 @@ def config_dict(config: Any) -> Optional[Dict[str, Any]]:
                  else value if isinstance(value, (int, float, str, bool, type(None)))
                  else jnp.dtype(value).name)
   return out
-
-
-def _fmt(value: Optional[float]) -> str:
-  return 'n/a' if value is None else f'{value:.3f}'
 
 
 def init_params(module: Any, rng: jax.Array) -> Any:
@@ -209,11 +203,12 @@ class _SpeculativeMixin:
     }
 
   def predict_batch_with_stats(self, params: Any, batch: Mapping[str, Any],
-                               rng: Optional[jax.Array] = None
+                               rng: Optional[jax.Array] = None, draft_params: Any = None
                                ) -> Tuple[jax.Array, Dict[str, jax.Array], Dict[str, jax.Array]]:
     """-> (decodes [batch, len], per-example stats {name: [batch]}, batch-level stats:
-    {'accepted_length_histogram': [gamma + 1]})."""
-    out = self._generate(params, batch['encoder_input_tokens'], self._max_len(batch), rng)
+    {'accepted_length_histogram': [gamma + 1]}). `draft_params`: as T5X passes them."""
+    out = self._generate(params, batch['encoder_input_tokens'], self._max_len(batch), rng,
+                         draft_params=draft_params)
     aux = {k: out.stats[k] for k in stats.PER_EXAMPLE_STATS}
     return out.tokens, aux, {'accepted_length_histogram': out.stats['accepted_length_histogram']}
 
@@ -225,9 +220,11 @@ class _SpeculativeMixin:
     return int(np.shape(batch['decoder_input_tokens'])[1])
 
   def _generate(self, params: Any, enc: Any, max_len: int, rng: Optional[jax.Array],
-                decoder_prompt: Any = None) -> api.GenerateOutput:
-    """api.generate with the target, the draft (loaded on first use) and `run_config`."""
-    if self.is_speculative and self._draft_params is None and self.draft_checkpoint:
+                decoder_prompt: Any = None, draft_params: Any = None) -> api.GenerateOutput:
+    """api.generate with the target, the draft (`draft_params`: T5X's state carries it;
+    None: the model's own, loaded on first use) and `run_config`."""
+    if draft_params is None and self.is_speculative and self._draft_params is None and (
+        self.draft_checkpoint):
       # T5X's runners restore only the target (TrainState); load the draft on first use,
       # replicated on every device (jit passes it to the program as an argument).
       self.restore_draft()
@@ -235,24 +232,24 @@ class _SpeculativeMixin:
           jax.sharding.Mesh(np.asarray(jax.devices()), ('devices',)),
           jax.sharding.PartitionSpec())
       self._draft_params = jax.device_put(self._draft_params, replicated)
-    draft = (self.draft_module, self.draft_params) if self.is_speculative else None
+    if draft_params is None and self.is_speculative:
+      draft_params = self.draft_params
+    draft = (self.draft_module, draft_params) if self.is_speculative else None
     if draft is not None and self.run_config.gamma == 'auto':
-      self._choose_gamma(params, enc, max_len, rng)
+      self._choose_gamma((self.target_module, params), draft, enc, max_len, rng)
     return api.generate((self.target_module, params), enc, draft=draft, max_decode_length=max_len,
                         rng=rng, eos_id=self.eos_id, config=self.run_config,
                         decoder_prompt=decoder_prompt)
 
-  def _choose_gamma(self, params: Any, enc: Any, max_len: int,
+  def _choose_gamma(self, target: Any, draft: Any, enc: Any, max_len: int,
                     rng: Optional[jax.Array]) -> None:
     """gamma='auto': measures call costs on `enc` (and alpha, unless `gamma_alpha` is
     set, from a warm-up decode with every other setting of the run) and fixes gamma for
     every later batch; the choice is kept in `gamma_choice`."""
-    from specdec_t5x.algorithm import auto_gamma  # pylint: disable=g-import-not-at-top
     if isinstance(enc, jax.core.Tracer):
       raise ValueError("gamma='auto' times calls on the first batch, which needs concrete "
                        'inputs: run python -m specdec_t5x.infer, or set an integer gamma '
                        '(e.g. --gin.GAMMA=3) under a runner that traces the model.')
-    target, draft = (self.target_module, params), (self.draft_module, self.draft_params)
     alpha = self.decode_config.gamma_alpha
     if alpha is None:
       alpha = auto_gamma.warmup_alpha(
@@ -270,19 +267,10 @@ class _SpeculativeMixin:
                              num_decodes: Optional[int] = None,
                              prompt_with_targets: bool = False,
                              flax_mutables: Any = None) -> Tuple[jax.Array, Dict[str, jax.Array]]:
-    """T5X's signature and outputs, decoded by `generate` (t5x_outputs.py has the rules).
-
-    -> (decodes [batch, max_decode_length], or [batch, num_decodes, max_decode_length]
-    with `return_all_decodes`; aux: 'scores' (T5X's: the log-probability of each decode
-    under the target's sampling distribution, 0 when greedy) and the per-example
-    speculative statistics, each [batch] or [batch, num_decodes]). `num_decodes` k
-    decodes every input k times as independent rows; the decodes of an input are sorted
-    by increasing score and without `return_all_decodes` the last (best) is returned.
-    `rng` or `decoder_params['decode_rng']` (not both) seeds the decode; `decoder_params`
-    takes nothing else (the decode settings are `decode_config`).
-    `prompt_with_targets`: each row continues its `decoder_input_tokens` (EOS removed).
-    """
-    del flax_mutables  # T5 has no mutable collections at inference.
+    """T5X's signature and outputs (t5x_outputs.py): decodes [batch, len] (or [batch,
+    num_decodes, len]), aux 'scores' and the per-example statistics, [batch] (or [batch,
+    num_decodes]). `rng` or `decoder_params['decode_rng']` (not both) seeds the decode;
+    the draft's weights come in `flax_mutables` when T5X's state carries them."""
     defaults = getattr(self, '_default_decoder_params', None)  # T5X's DecoderParams
     if num_decodes is None:
       num_decodes = getattr(defaults, 'num_decodes', 1)
@@ -295,7 +283,8 @@ class _SpeculativeMixin:
     if prompt_with_targets:
       prompt = t5x_outputs.expand(t5x_outputs.decoder_prompt(
           batch['decoder_input_tokens'], self.eos_id, max_len), num_decodes)
-    out = self._generate(params, enc, max_len, rng, decoder_prompt=prompt)
+    out = self._generate(params, enc, max_len, rng, decoder_prompt=prompt,
+                         draft_params=draft_state.params_from(flax_mutables))
     aux = {k: out.stats[k] for k in stats.PER_EXAMPLE_STATS}
     # T5X's infer keeps no run-level statistics: add each batch's to the run's on the host
     # (the rows T5X pads a last batch with excluded; every decode of an input counted).
@@ -307,8 +296,8 @@ class _SpeculativeMixin:
     return t5x_outputs.t5x_order(out.tokens, aux, num_decodes, return_all_decodes)
 
   def _add_run_stats(self, aux: Mapping[str, Any], real: Any) -> None:
-    """Adds one batch's per-example statistics (rows that T5X padded in excluded) to the
-    run's totals and logs the run's alpha and tokens per target call so far."""
+    """Adds a batch's per-example statistics (not T5X's padding rows) to the run's totals
+    and logs the run's alpha and tokens per target call so far."""
     real = np.asarray(real, bool)
     totals = self._run_totals
     for k in stats.PER_EXAMPLE_STATS:
@@ -317,26 +306,26 @@ class _SpeculativeMixin:
     run = self.run_stats()
     logging.info('specdec_t5x: %d examples: alpha %s, %s tokens per target call '
                  '(%d generated tokens, %d target calls, gamma %s)', totals['examples'],
-                 _fmt(run['alpha_empirical']), _fmt(run['mean_tokens_per_target_call']),
+                 *('n/a' if v is None else f'{v:.3f}'
+                   for v in (run['alpha_empirical'], run['mean_tokens_per_target_call'])),
                  run['generated_tokens'], run['target_calls'],
                  self.run_config.gamma if self.is_speculative else None)
 
   def run_stats(self) -> Dict[str, Any]:
-    """The speculative statistics of every `predict_batch_with_aux` call so far (what
-    `python -m t5x.infer` logs), as `stats.summarize` gives them."""
+    """stats.summarize of every `predict_batch_with_aux` call so far (t5x.infer logs it)."""
     return dict(stats.summarize(self._run_totals),
                 examples=self._run_totals.get('examples', 0))
 
   def predict_batch(self, params: Any, batch: Mapping[str, Any],
-                    rng: Optional[jax.Array] = None, **kwargs: Any) -> jax.Array:
-    """T5X's: the decodes of `predict_batch_with_aux` (same keyword arguments)."""
-    return self.predict_batch_with_aux(params, batch, rng=rng, **kwargs)[0]
+                    rng: Optional[jax.Array] = None, flax_mutables: Any = None,
+                    **kwargs: Any) -> jax.Array:
+    """T5X's: the decodes of `predict_batch_with_aux` (same arguments)."""
+    return self.predict_batch_with_aux(params, batch, rng, flax_mutables=flax_mutables, **kwargs)[0]
 
 
 _DRAFT_DEFAULTS = dict(draft_config=None, draft_module=None, draft_checkpoint=None,
                        draft_params=None, draft_vocabulary=None, max_decode_length=None,
                        decode_config=None)
-_ARGUMENTS = set(_DRAFT_DEFAULTS)
 
 
 class StandaloneSpeculativeModel(_SpeculativeMixin):
@@ -361,7 +350,7 @@ class StandaloneSpeculativeModel(_SpeculativeMixin):
 
   def __init__(self, module: Any, input_vocabulary: Any = None, output_vocabulary: Any = None,
                optimizer_def: Any = None, **speculative: Any):
-    unknown = set(speculative) - _ARGUMENTS
+    unknown = set(speculative) - set(_DRAFT_DEFAULTS)
     if unknown:
       raise TypeError(f'Unknown arguments: {sorted(unknown)}')
     self.module = module
@@ -387,11 +376,23 @@ if t5x_models is not None:
 
     def __init__(self, module: Any, input_vocabulary: Any, output_vocabulary: Any,
                  optimizer_def: Any = None, **kwargs: Any):
-      speculative = {k: kwargs.pop(k) for k in list(kwargs) if k in _ARGUMENTS}
+      speculative = {k: kwargs.pop(k) for k in list(kwargs) if k in _DRAFT_DEFAULTS}
       t5x_models.EncoderDecoderModel.__init__(
           self, module=module, input_vocabulary=input_vocabulary,
           output_vocabulary=output_vocabulary, optimizer_def=optimizer_def, **kwargs)
       self._init_speculative(**{**_DRAFT_DEFAULTS, **speculative})
+
+    def get_initial_variables(self, rng: jax.Array, input_shapes: Mapping[str, Any],
+                              input_types: Optional[Mapping[str, Any]] = None) -> Any:
+      """T5X's variables of the target plus, for a T5 draft, the draft's params and axes
+      (collections `draft`, `draft_axes`): T5X then restores, partitions and passes the
+      draft like the target (draft_state.py)."""
+      variables = super().get_initial_variables(rng, input_shapes, input_types)
+      if not (self.is_speculative and draft_state.carries_draft(self.draft_module)):
+        return variables
+      extra = draft_state.initial_variables(self.draft_module, jax.random.fold_in(rng, 1),
+                                            self._draft_params)
+      return flax.core.freeze({**flax.core.unfreeze(variables), **extra})
 
 else:
   SpeculativeEncoderDecoderModel = StandaloneSpeculativeModel

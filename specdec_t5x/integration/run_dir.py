@@ -4,8 +4,9 @@
   holder's pid, host and start time; a second runner fails at once, naming the holder.
   The lock dies with its process (kill -9 included), so a stale file never blocks.
 * `check_settings`: a directory whose recorded run (finished: metrics.json; unfinished:
-  the chunk manifest) has other prediction-changing settings is refused, unless the
-  caller passes `overwrite=True` (gin: `infer.overwrite`).
+  the chunk manifest) has other prediction-changing settings or other inputs (their
+  count and SHA-256) is refused, unless the caller passes `overwrite=True` (gin:
+  `infer.overwrite`).
 """
 
 from __future__ import annotations
@@ -114,9 +115,12 @@ def check_settings(recorded: Optional[Mapping[str, Any]], current: Mapping[str, 
   changed = (changed_keys(recorded, current) if recorded is not None
              else ['(not recorded)'])
   if changed:
+    inputs = ('; its inputs differ (the examples read for this shard: another '
+              'task_data_dir, an edited source file, another split or num_examples)'
+              if {'examples_sha256', 'num_examples'} & set(changed) else '')
     raise ValueError(
-        f'{where} holds {what} run with other settings (changed: {changed}); use another '
-        'output_dir, or pass --gin.infer.overwrite=True to replace it.')
+        f'{where} holds {what} run with other settings (changed: {changed}){inputs}; use '
+        'another output_dir, or pass --gin.infer.overwrite=True to replace it.')
 
 
 def lock_file_name(shard_id: int = 0, num_shards: int = 1) -> str:

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from typing import List
+import re
+from typing import Any, Dict, List, Optional
 
 from specdec_t5x.research import demo_data, harness
 
@@ -16,6 +17,8 @@ def render(report: harness.Report) -> List[str]:
           f'{k} {v:.0f}' for k, v in r['part_seconds'].items()))
   if r.get('costs'):
     lines += render_costs(r['costs'])
+  if r.get('vs_compiled'):
+    lines += render_vs_compiled(r['vs_compiled'])
   if r.get('table2'):
     lines += render_table2(r['table2'])
   if r.get('efficiency'):
@@ -41,6 +44,57 @@ def render_costs(costs) -> List[str]:
           f"{d}: c = {p['c']:.3f}" for d, p in costs['pairs'].items()) + '. Verification '
       't_verify(gamma + 1) / t(1): ' + ', '.join(
           f'gamma {g}: {v:.2f}' for g, v in sorted(costs['verify_ratio'].items())) + '.', '']
+
+
+def vs_compiled(costs: Dict[str, Any], compiled: Dict[str, Any],
+                device_kind: str) -> Dict[str, Any]:
+  """Measured call costs beside the compiler's predictions for one device
+  (results/compiled_table2.json, scripts/compiled_report.py): per size the step and prefill
+  times (the roofline of the chip this device is, if it is one of the predicted chips),
+  and the chip-free ratios, c per pair and t(gamma + 1) / t(1)."""
+  flat = lambda text: re.sub(r'[^a-z0-9]', '', text.lower())
+  chip = next((c['name'] for c in compiled['chips'] if flat(c['name']) in flat(device_kind)),
+              None)
+  times = compiled['call_seconds']['1']
+  predicted = times[chip] if chip else None
+  any_chip = next(iter(times.values()))  # ratios: the same on every chip's roofline, nearly
+  sizes = {}
+  for size, measured in costs['sizes'].items():
+    if size not in any_chip:
+      continue
+    row = {'step_s': measured['call_s'][1], 'prefill_s': measured['prefill_s']}
+    if predicted:
+      row.update(step_s_predicted=predicted[size]['step_1'],
+                 prefill_s_predicted=predicted[size]['prefill'])
+    row['verify_ratio'] = {k: v for k, v in measured['call_ratio_to_k1'].items() if int(k) > 1}
+    row['verify_ratio_predicted'] = {
+        int(name.split('_')[1]): t / any_chip[size]['step_1']
+        for name, t in any_chip[size].items() if name.startswith('step_') and name != 'step_1'}
+    sizes[size] = row
+  target = costs['target']
+  pairs = {d: {'c': p['c'], 'c_predicted': any_chip[d]['step_1'] / any_chip[target]['step_1']}
+           for d, p in costs['pairs'].items() if d in any_chip and target in any_chip}
+  return {'chip': chip, 'sizes': sizes, 'pairs': pairs, 'lengths': compiled['lengths'],
+          'measured_lengths': {'input': costs['enc_len'], 'cache': costs['cache_len']}}
+
+
+def render_vs_compiled(cmp_: Dict[str, Any]) -> List[str]:
+  chip = cmp_['chip']
+  ms = lambda row, key: harness.fmt(row.get(key) and row[key] * 1e3, '.3f')
+  ratios = lambda d: ', '.join(f'{k}: {v:.2f}' for k, v in sorted(d.items(), key=lambda i: int(i[0])))
+  return [f"## 1b. Measured beside the compiler's predictions (results/compiled_table2.md)", '',
+          f"Predicted: XLA cost analysis and a roofline for {chip or 'no chip of this kind'}"
+          f" (1 device), at {cmp_['lengths']['input']} input tokens and a "
+          f"{cmp_['lengths']['cache']}-position cache; measured here at "
+          f"{cmp_['measured_lengths']['input']} and {cmp_['measured_lengths']['cache']}.",
+          ''] + harness.table(
+      ['size', 't(1) ms', 'predicted', 'prefill ms', 'predicted',
+       't(k)/t(1) measured', 't(k)/t(1) predicted'],
+      [[size, ms(r, 'step_s'), ms(r, 'step_s_predicted'), ms(r, 'prefill_s'),
+        ms(r, 'prefill_s_predicted'), ratios(r['verify_ratio']),
+        ratios(r['verify_ratio_predicted'])] for size, r in cmp_['sizes'].items()],
+      'lrrrrll') + ['', 'c measured (predicted): ' + ', '.join(
+          f"{d}: {p['c']:.3f} ({p['c_predicted']:.3f})" for d, p in cmp_['pairs'].items()), '']
 
 
 def render_table2(rows) -> List[str]:

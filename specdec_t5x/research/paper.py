@@ -1,7 +1,8 @@
 """The paper's T5 results (Leviathan et al., ICML 2023, Table 2) as data: the source of the
 paper-row gin files (`config_text` renders each; tests/test_configs.py checks that every
 configs/spec_*.gin is exactly its row's text), of their checks (tests/test_configs.py,
-tests/test_t5x_infer.py) and of the predicted-vs-paper table of scripts/device_report.py.
+tests/test_t5x_infer.py) and of the predicted-vs-paper tables of scripts/device_report.py
+and scripts/compiled_report.py.
 
 Every row: T5 v1.1 XXL target, batch size 1, one TPU-v4; alpha and the measured walltime
 speedup as the paper reports them. `config` is the row's file under configs/; what rows

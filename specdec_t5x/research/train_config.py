@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any, Mapping, Optional
 
 import jax
@@ -76,6 +77,54 @@ class TrainConfig:
   init_from: Optional[str] = None  # A checkpoint dir whose params start a fresh run.
   teacher: Optional[str] = None  # A model dir (config.json + checkpoint_*) for token-level KD.
   kd_weight: float = 0.5  # Weight of KL(teacher || model) when a teacher is given.
+
+  def __post_init__(self):
+    """Every field against its rule, so a bad value fails here, naming itself, and not
+    as a ZeroDivisionError or NaN steps into the run."""
+    def refuse(name: str, rule: str) -> None:
+      raise ValueError(f'TrainConfig.{name} must be {rule}, got {getattr(self, name)!r}.')
+
+    def integer(name: str, low: int, optional: bool = False) -> None:
+      value = getattr(self, name)
+      if optional and value is None:
+        return
+      if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        refuse(name, f'an integer >= {low}' + (' or None' if optional else ''))
+
+    def number(name: str, low: float, high: float = math.inf, optional: bool = False,
+               low_open: bool = False) -> None:
+      value = getattr(self, name)
+      if optional and value is None:
+        return
+      ok = (isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
+            and math.isfinite(value) and (value > low if low_open else value >= low)
+            and value <= high)
+      if not ok:
+        refuse(name, f"a finite number {'>' if low_open else '>='} {low:g}"
+               + (f' and <= {high:g}' if high != math.inf else '')
+               + (' or None' if optional else ''))
+
+    integer('steps', 0, optional=True)
+    for name in ('batch_size', 'save_every', 'eval_every', 'log_every', 'num_val_examples'):
+      integer(name, 1)
+    integer('keep', 1, optional=True)
+    integer('warmup_steps', 0)
+    integer('seed', 0)
+    if self.optimizer not in ('adamw', 'adafactor'):
+      refuse('optimizer', "'adamw' or 'adafactor'")
+    if self.schedule not in ('cosine', 'rsqrt'):
+      refuse('schedule', "'cosine' or 'rsqrt'")
+    number('learning_rate', 0.0, low_open=True)
+    number('final_lr_fraction', 0.0, 1.0)
+    number('weight_decay', 0.0)
+    number('z_loss', 0.0)
+    number('kd_weight', 0.0, 1.0)
+    number('max_seconds', 0.0, optional=True)
+    rates = self.mixing_rates
+    if rates is not None and (not isinstance(rates, Mapping) or not all(
+        isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in rates.values())
+                              or not sum(rates.values()) > 0):
+      refuse('mixing_rates', 'None or {task: finite rate >= 0}, not all 0')
 
 
 # TrainConfig fields a resumed run may change: they stop, save, log or evaluate the run

@@ -18,17 +18,47 @@ Batch = dict[str, np.ndarray]
 Tasks = Mapping[str, Mapping[str, np.ndarray]]
 
 
-def load_split(data_dir: str, split: str) -> dict[str, dict[str, np.ndarray]]:
-  """{task: {'inputs', 'targets'}} from every `{task}_{split}.npz` in `data_dir`."""
-  files = sorted(glob.glob(os.path.join(data_dir, f'*_{split}.npz')))
+def load_split(data_dir: str, split: str,
+               vocab_size: Optional[int] = None) -> dict[str, dict[str, np.ndarray]]:
+  """{task: {'inputs', 'targets'}} from every `{task}_{split}.npz` in `data_dir`.
+
+  Refuses (ValueError naming the file, array and row) arrays that are missing, not 2-D
+  integers, of other row counts, or hold a token id outside [0, vocab_size) (only < 0
+  without a vocab_size): the embedding lookup would clamp them or train to NaN.
+  """
+  files = sorted(glob.glob(os.path.join(glob.escape(data_dir), f'*_{split}.npz')))
   if not files:
     raise FileNotFoundError(f'No *_{split}.npz files in {data_dir}')
   tasks = {}
   for f in files:
     with np.load(f) as z:
-      tasks[os.path.basename(f)[:-len(f'_{split}.npz')]] = {k: z[k].astype(np.int32)
-                                                            for k in ('inputs', 'targets')}
+      arrays = {k: _checked(f, z, k, vocab_size) for k in ('inputs', 'targets')}
+    if len(arrays['inputs']) != len(arrays['targets']):
+      raise ValueError(f'{f}: inputs has {len(arrays["inputs"])} rows, targets '
+                       f'{len(arrays["targets"])}; they must pair up row by row.')
+    tasks[os.path.basename(f)[:-len(f'_{split}.npz')]] = arrays
   return tasks
+
+
+def _checked(path: str, npz, key: str, vocab_size: Optional[int]) -> np.ndarray:
+  """npz[key] as int32 [rows, length] token ids, or a ValueError naming what is wrong."""
+  if key not in npz:
+    raise ValueError(f'{path} has no {key!r} array (found {sorted(npz.keys())}).')
+  array = npz[key]
+  if array.ndim != 2 or not np.issubdtype(array.dtype, np.integer):
+    raise ValueError(f'{path}: {key} must be a 2-D integer array [rows, length] of token '
+                     f'ids, got {array.dtype} {array.shape}.')
+  bad = array < 0
+  if vocab_size is not None:
+    bad |= array >= vocab_size
+  if bad.any():
+    row, col = (int(i) for i in np.argwhere(bad)[0])
+    limit = vocab_size if vocab_size is not None else 'vocab_size'
+    raise ValueError(f'{path}: {key} row {row} (column {col}) holds token id '
+                     f'{int(array[row, col])}, outside the vocabulary [0, {limit}) '
+                     f'({int(bad.any(axis=1).sum())} rows affected). Tokenize with the '
+                     "model's vocabulary or set vocab_size to cover it.")
+  return array.astype(np.int32)
 
 
 def make_batch(inputs: np.ndarray, targets: np.ndarray) -> Batch:

@@ -21,10 +21,12 @@ import contextlib
 import dataclasses
 import json
 import os
+import threading
 import time
 from typing import Any, Callable, Iterator, Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import tqdm
 
@@ -39,6 +41,11 @@ from specdec_t5x.research.train_optim import LearningRate
 
 Params = Any
 _CALIBRATION_STEPS = 20  # Steps timed before fitting the total to the time budget.
+
+
+@jax.jit
+def _all_finite(tree: Any) -> jax.Array:
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)]))
 
 
 def _synced_time(x: Any) -> float:
@@ -133,6 +140,7 @@ class _Loop:
   t0: float  # When the call started (the time budget counts from here).
   meter: _Meter = dataclasses.field(default_factory=_Meter)
   shown: dict[str, float] = dataclasses.field(default_factory=dict)  # Bar postfix.
+  unchecked: Optional[tuple[int, Any]] = None  # (step, loss) not yet checked finite.
 
   def step(self, run: _Run, key: jax.Array) -> None:
     """One optimizer step on the next batch, then its logging, evaluation and saving."""
@@ -141,6 +149,8 @@ class _Loop:
     run.params, run.opt_state, metrics = self.train_step(
         run.params, run.opt_state, batch, lr, key, np.int32(run.step), self.teacher_params)
     run.step += 1
+    self.check_finite()  # The previous step's loss: computed by now, so no stall.
+    self.unchecked = (run.step, metrics['loss'])
     self.meter.record(run.step, metrics, batch)
     if run.total is None:
       self.fit_total(run, metrics)
@@ -179,15 +189,53 @@ class _Loop:
     run.evaluated = self.log.write(run.step, evaluate(run.params, self.eval_step, self.val))
     self.shown['val'] = run.evaluated['val_loss']
 
+  def check_finite(self, params: Optional[Params] = None) -> None:
+    """Raises FloatingPointError if the last unchecked loss (or `params`) is NaN/inf, so
+    the run stops and nothing after the last good checkpoint is saved."""
+    bad = None
+    if self.unchecked is not None:
+      step, loss = self.unchecked
+      self.unchecked = None
+      if not np.isfinite(float(loss)):
+        bad = f'the training loss of step {step} is {float(loss)}'
+    if bad is None and params is not None and not bool(_all_finite(params)):
+      bad = 'the parameters are no longer finite'
+    if bad is not None:
+      last = self.manager.latest_step()
+      raise FloatingPointError(
+          f'Training stopped: {bad}. Nothing was saved after it: the last good checkpoint '
+          f'is ' + (f'step {last} in {self.manager.directory}' if last else 'none (no step '
+                    'was saved)') + '. Lower the learning rate, check the data, or resume '
+          'from that checkpoint.')
+
   def save(self, run: _Run) -> None:
-    train_state.save(self.manager, run.step, run.params, run.opt_state, run.cursors,
-                     self.log.seconds(), run.total)
+    """Saves the step, once its loss and params are known finite; a failed save (full
+    disk, ...) ends in one error naming the step and the last good checkpoint."""
+    self.check_finite(run.params)
+    threads = set(threading.enumerate())
+    try:
+      train_state.save(self.manager, run.step, run.params, run.opt_state, run.cursors,
+                       self.log.seconds(), run.total)
+    except Exception as e:  # pylint: disable=broad-except
+      for thread in set(threading.enumerate()) - threads:  # Orbax's writers: let them end
+        try:  # (and log) now, not at interpreter shutdown after this error.
+          thread.join(timeout=60)
+        except Exception:  # pylint: disable=broad-except
+          pass  # Orbax's threads re-raise their error on join: the same failure.
+
+      last = self.manager.latest_step()
+      raise RuntimeError(
+          f'Saving the checkpoint of step {run.step} in {self.manager.directory} failed '
+          f'({type(e).__name__}: {e}); the tracebacks above are its writer threads. The last '
+          'good checkpoint is ' + (f'step {last}' if last else 'none') + ': fix the cause '
+          '(free disk space, permissions) and rerun to resume from it.') from None
 
   def finish(self, run: _Run) -> dict[str, Any]:
     """Saves and evaluates the last step (unless done already); logs the end record."""
     self.bar.close()
     if self.manager.latest_step() != run.step:
       self.save(run)
+    self.check_finite()
     final = run.evaluated
     if final is None or final['step'] != run.step:
       final = evaluate(run.params, self.eval_step, self.val)
@@ -216,8 +264,10 @@ def train(model_cfg: T5Config, data_dir: str, workdir: str, cfg: TrainConfig,
     teacher_cfg, teacher_params = model_dir.load(cfg.teacher, dtype=model_cfg.dtype)
   train_step, eval_step, tx = make_steps(model_cfg, cfg.optimizer, cfg.weight_decay, cfg.z_loss,
                                          teacher_cfg, cfg.kd_weight if cfg.teacher else 0.0)
-  mixture = Mixture(load_split(data_dir, 'train'), cfg.batch_size, cfg.seed, cfg.mixing_rates)
-  val = validation_batches(load_split(data_dir, 'validation'), cfg.batch_size,
+  vocab = model_cfg.vocab_size  # Ids outside it are refused here, naming file and row.
+  mixture = Mixture(load_split(data_dir, 'train', vocab), cfg.batch_size, cfg.seed,
+                    cfg.mixing_rates)
+  val = validation_batches(load_split(data_dir, 'validation', vocab), cfg.batch_size,
                            cfg.num_val_examples)
   begin = train_state.start(workdir, model_cfg, cfg, tx, len(mixture.names),
                             allow_changed_config)

@@ -1,0 +1,116 @@
+"""Speculative decoding's efficiency against the ideal its call costs allow, and where the
+loop's time goes, with the packed CPU kernel and with XLA's dot (batch 1, demo family).
+
+  flock /tmp/specdec_bench.lock python scripts/loop_efficiency.py \
+      --num_examples 12 --gammas 2,3,4 --temperatures 0,1   # results/loop_efficiency.*
+  python scripts/loop_efficiency.py --tiny --out /tmp/loop   # random tiny models, seconds
+
+Drafts: demo_draft_m and the target itself (one set of weights: no eviction between two
+models). Per row: tokens per target call, the measured speedup, the end-to-end ideal from
+the calls made and the call costs timed alone, efficiency = measured / ideal; per loop
+iteration the draft calls, draft-side sampling, the verify call and acceptance /
+bookkeeping (research/loop_probe.py's stamps) beside the calls timed alone; and the
+copies/transposes left in the compiled while body. Writes {--out}.json and {--out}.md.
+Run on an idle machine: it times.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import List
+
+import numpy as np
+from tqdm import tqdm
+
+from specdec_t5x.algorithm import batching, network, timing
+from specdec_t5x.research import evaluation, harness, loop_efficiency, loop_probe
+
+
+def _tiny():
+  def model(emb, layers, seed):
+    cfg = network.T5Config(vocab_size=128, emb_dim=emb, num_heads=2, num_encoder_layers=1,
+                           num_decoder_layers=layers, head_dim=8, mlp_dim=2 * emb,
+                           mlp_activations=('gelu', 'linear'), dropout_rate=0.0)
+    module = network.Transformer(cfg)
+    return module, timing.random_params(module, seed, dtype=np.float32)
+  target = model(32, 2, 0)
+  enc = np.random.RandomState(0).randint(2, 128, size=(2, 10)).astype(np.int32)
+  return target, {'small': model(16, 1, 1), 'self': target}, enc
+
+
+def _ms(x):
+  return harness.fmt(None if x is None else 1e3 * x, '.3f')
+
+
+def render(report: harness.Report) -> List[str]:
+  lines = report.header(
+      'Loop efficiency: measured vs ideal, and where each iteration goes',
+      'Batch 1, per generated token. ideal = speed.ideal_end_to_end from the target calls '
+      'each loop made and the call costs timed alone; efficiency = measured / ideal. '
+      'Per iteration (ms): the loop\'s phases from stamps around every model call '
+      '(research/loop_probe.py; a stamp pair costs `callback_overhead_s`), the same calls '
+      'timed alone in brackets. copies: copies/transposes in the compiled while body, and '
+      'how many of them are as large as a cache.')
+  for matmul, res in report['matmuls'].items():
+    lines += [f'## {matmul}', '']
+    for group in res['groups']:
+      ar = group['ar_loop']
+      lines += [f'### temperature {group["temperature"]:g}', '',
+                f'AR: step in loop {_ms(ar["verify"])} ms (alone {_ms(res["costs_s"]["t_target_step"])}), '
+                f'rest of the iteration {_ms(ar["accept"])} ms; while body copies '
+                f'{group["ar_copies"]["copies_and_transposes"]} '
+                f'({len(group["ar_copies"]["whole_buffer"])} cache-sized).', '']
+      rows = []
+      for r in group['rows']:
+        loop, alone = r['loop_s'], r['alone_s']
+        rows.append([r['draft'], r['gamma'], f'{r["tokens_per_target_call"]:.2f}',
+                     f'{r["speedup_measured"]:.2f}x', f'{r["speedup_ideal_end_to_end"]:.2f}x',
+                     f'{r["efficiency_end_to_end"]:.2f}',
+                     f'{_ms(loop["draft_calls"])} ({_ms(alone["draft_calls"])})',
+                     _ms(loop['draft_sampling']),
+                     f'{_ms(loop["verify"])} ({_ms(alone["verify"])})', _ms(loop['accept']),
+                     f'{r["copies"]["copies_and_transposes"]} ({len(r["copies"]["whole_buffer"])})'])
+      lines += harness.table(['draft', 'gamma', 'tokens/call', 'measured', 'ideal e2e',
+                              'efficiency', 'draft calls (alone)', 'draft sampling',
+                              'verify (alone)', 'accept + bookkeeping', 'copies (cache-sized)'],
+                             rows, 'llrrrrrrrrr') + ['']
+  return lines
+
+
+def main(argv=None) -> None:
+  ap = harness.parser(__doc__, harness.results_path(__file__, 'loop_efficiency'), repeats=3)
+  ap.add_argument('--num_examples', type=int, default=12)
+  ap.add_argument('--gammas', type=harness.ints, default=[2, 3, 4])
+  ap.add_argument('--temperatures', type=harness.floats, default=[0.0, 1.0])
+  ap.add_argument('--max_len', type=int, default=64)
+  ap.add_argument('--matmuls', default='packed,xla', help='packed (the CPU kernel), xla')
+  ap.add_argument('--tiny', action='store_true', help='random tiny models (the test)')
+  args = ap.parse_args(argv)
+  if args.tiny:
+    target, drafts, enc = _tiny()
+  else:
+    target = evaluation.load_model('demo_target')
+    drafts = {'demo_draft_m': evaluation.load_model('demo_draft_m'), 'self': target}
+    enc = batching.pad_batch([e.inputs for e in evaluation.load_examples('ende',
+                                                                         args.num_examples)])
+  report = harness.Report(__file__, args, argv)
+  report['callback_overhead_s'] = loop_probe.callback_overhead()
+  report['matmuls'] = {}
+  previous = os.environ.get('SPECDEC_CPU_KERNELS')
+  try:
+    for matmul in tqdm(args.matmuls.split(','), desc='loop efficiency', unit='matmul'):
+      os.environ['SPECDEC_CPU_KERNELS'] = '1' if matmul == 'packed' else '0'
+      report['matmuls'][matmul] = loop_efficiency.measure(
+          target, drafts, enc, args.max_len, args.gammas, args.temperatures, args.repeats,
+          cost_repeats=args.repeats)
+  finally:
+    if previous is None:
+      os.environ.pop('SPECDEC_CPU_KERNELS', None)
+    else:
+      os.environ['SPECDEC_CPU_KERNELS'] = previous
+  print(report.write(render(report)))
+
+
+if __name__ == '__main__':
+  main(sys.argv[1:])

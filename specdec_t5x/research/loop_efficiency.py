@@ -1,0 +1,94 @@
+"""How close the speculative loop comes to the ideal its call costs allow, and where the
+rest goes (scripts/loop_efficiency.py).
+
+For each draft, temperature and gamma, at batch 1 over the same inputs:
+- measured: AR time / speculative time per generated token (timed interleaved);
+- ideal end to end: speed.ideal_end_to_end from the calls each loop made and the call
+  costs measured alone (speed.costs, plus the draft's 2-token re-feed call);
+- efficiency = measured / ideal;
+- inside the loop (loop_probe): per iteration, the draft calls, the draft-side sampling,
+  the verify call and the acceptance / bookkeeping, beside the same calls timed alone;
+- the compiled while body's copies and transposes (hlo_loops) of the program run.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Dict, List, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_t5x.algorithm import api, batching, timing
+from specdec_t5x.algorithm.config import DecodeConfig
+from specdec_t5x.research import hlo_loops, loop_probe, speed
+
+ModelAndParams = Any
+
+
+def _copies(target: ModelAndParams, draft: Optional[ModelAndParams], row: np.ndarray,
+            max_len: int, config: DecodeConfig) -> Dict[str, Any]:
+  """hlo_loops' summary of the compiled decode program for one row (batch 1)."""
+  fn = api._compiled(target[0], draft and draft[0], max_len=max_len, config=config)  # pylint: disable=protected-access
+  args = (api.decode_variables(*target), None if draft is None else api.decode_variables(*draft),
+          jnp.asarray(row), jax.random.PRNGKey(0), jnp.int32(1))
+  smallest = min(m[0].config.num_heads * m[0].config.head_dim
+                 for m in (target, draft) if m is not None) * (max_len + 2)
+  return hlo_loops.loop_traffic(fn.lower(*args).compile().as_text(), smallest).summary()
+
+
+def _probe(target, draft, rows: Sequence[np.ndarray], max_len: int, config: DecodeConfig,
+           repeats: int, expected: Sequence[np.ndarray]) -> Dict[str, Any]:
+  runs = [loop_probe.probed_decode(target, draft, row, max_len=max_len, config=config,
+                                   rng=jax.random.PRNGKey(i)) for i, row in enumerate(rows)]
+  same = sum(int(np.array_equal(run()[0, :len(want)], want))
+             for (run, _), want in zip(runs, expected))
+  return dict(loop_probe.attribute(runs, repeats), probed_tokens_equal=same)
+
+
+def measure(target: ModelAndParams, drafts: Dict[str, ModelAndParams], enc: np.ndarray,
+            max_len: int, gammas: Sequence[int], temperatures: Sequence[float],
+            repeats: int = 3, cost_calls: int = 32, cost_repeats: int = 5) -> Dict[str, Any]:
+  """The rows of results/loop_efficiency for the current matmul (packed kernel or not).
+
+  enc [N, L]: the inputs, decoded one at a time at their length buckets.
+  """
+  rows_in = [batching.trim_batch(enc[i:i + 1]) for i in range(len(enc))]
+  cost = speed.costs(target, drafts, enc, gammas, cost_calls, cost_repeats, max_len=max_len)
+  first = jnp.asarray(rows_in[0])
+  cache_len = max_len + max(gammas) + 1
+  cost.update(timing.call_costs({f't_draft_refeed_{name}': (*draft, 2)
+                                 for name, draft in drafts.items()},
+                                first, cost_calls, cost_repeats, cache_len))
+  out: Dict[str, Any] = {'costs_s': cost, 'groups': []}
+  for temp in temperatures:
+    base = DecodeConfig(temperature=temp, gamma=1)
+    ar = speed.Decoder(target, None, enc, max_len, base)
+    decs = {(name, g): speed.Decoder(target, draft, enc, max_len, base.replace(gamma=g))
+            for name, draft in drafts.items() for g in gammas}
+    fns = {'ar': ar, **{f'{name}_g{g}': dec for (name, g), dec in decs.items()}}
+    med = {k: statistics.median(v) for k, v in timing.median_times(fns, repeats).items()}
+    ar_tokens = float(ar.stats['generated_tokens'].sum())
+    ar_probe = _probe(target, None, rows_in, max_len, base, repeats, ar.tokens)
+    group = {'temperature': temp, 'ar_seconds': med['ar'], 'ar_tokens': ar_tokens,
+             'ar_loop': ar_probe, 'ar_copies': _copies(target, None, rows_in[0], max_len, base),
+             'rows': []}
+    for (name, g), dec in decs.items():
+      s = dec.stats
+      spec_tokens = float(s['generated_tokens'].sum())
+      calls = float(s['target_calls'].sum())
+      measured = (med['ar'] / ar_tokens) / (med[f'{name}_g{g}'] / spec_tokens)
+      ideal = speed.ideal_end_to_end(len(enc), float(ar.stats['target_calls'].sum()), calls, g,
+                                     cost, name) * (spec_tokens / ar_tokens)
+      loop = _probe(target, drafts[name], rows_in, max_len, base.replace(gamma=g), repeats,
+                    dec.tokens)
+      alone = {'draft_calls': cost[f't_draft_refeed_{name}'] + (g - 1) * cost[f't_draft_step_{name}'],
+               'verify': cost[f't_verify_{g + 1}']}
+      group['rows'].append({
+          'draft': name, 'gamma': g, 'tokens_per_target_call': spec_tokens / calls,
+          'speedup_measured': measured, 'speedup_ideal_end_to_end': ideal,
+          'efficiency_end_to_end': measured / ideal, 'loop_s': loop, 'alone_s': alone,
+          'copies': _copies(target, drafts[name], rows_in[0], max_len, base.replace(gamma=g))})
+    out['groups'].append(group)
+  return out

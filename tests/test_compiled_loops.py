@@ -1,0 +1,103 @@
+"""The compiled decode loops copy no cache or weight per step (research/hlo_loops.py).
+
+XLA's dot path (as accelerators get it) on 8 fake CPU devices, with T5X's partitioning
+(num_partitions 8: one head per device; 1: data parallel), batch 1 and 8, autoregressive
+and speculative: the while bodies may copy or transpose per-call activations, never a
+buffer as large as a cache the loop carries or a weight.
+"""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from specdec_t5x.research import hlo_loops
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+_CHILD = textwrap.dedent('''
+    import json
+    import jax, jax.numpy as jnp, numpy as np
+    from specdec_t5x.algorithm import api, network
+    from specdec_t5x.algorithm.config import DecodeConfig
+    from specdec_t5x.integration import partitioning
+    from specdec_t5x.research import hlo_loops
+    assert jax.device_count() == 8, jax.devices()
+
+    def model(emb, seed):
+      cfg = network.T5Config(vocab_size=256, emb_dim=emb, num_heads=8, num_encoder_layers=1,
+                             num_decoder_layers=1, head_dim=16, mlp_dim=2 * emb,
+                             mlp_activations=('gelu', 'linear'), dropout_rate=0.0)
+      module, dummy = network.Transformer(cfg), jnp.ones((1, 4), jnp.int32)
+      return module, module.init(jax.random.PRNGKey(seed), dummy, dummy)['params']
+
+    target, draft = model(64, 0), model(48, 1)
+    out = {}
+    for batch in (1, 8):
+      for parts in (8, 1):
+        part = partitioning.PjitPartitioner(num_partitions=parts)
+        x = part.shard_batch(
+            np.random.RandomState(0).randint(2, 256, size=(batch, 16)).astype(np.int32))
+        # The smallest cache leaf on one device: its rows, its heads, head_dim and the
+        # autoregressive cache's slots (max_len positions, one more, and position -1).
+        rows = x.sharding.shard_shape(x.shape)[0]
+        cache = rows * (8 // parts) * 16 * (32 + 2)
+        for name, drafted in (('ar', None), ('spec', draft)):
+          fn = api._compiled(target[0], drafted and drafted[0], max_len=32,
+                             config=DecodeConfig(gamma=3))
+          args = (api.decode_variables(target[0], part.shard_params(target[1])),
+                  drafted and api.decode_variables(drafted[0], part.shard_params(drafted[1])),
+                  x, jax.random.PRNGKey(0), jnp.int32(1))
+          hlo = fn.lower(*args).compile().as_text()
+          out[f'{name}_b{batch}_p{parts}'] = hlo_loops.loop_traffic(hlo, cache).summary()
+    print('RESULT ' + json.dumps(out))
+''')
+
+
+def test_no_whole_buffer_copies_in_the_decode_loops_on_8_devices():
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
+             JAX_PLATFORMS='cpu', SPECDEC_CPU_KERNELS='0')
+  proc = subprocess.run([sys.executable, '-c', _CHILD], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=900)
+  lines = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')]
+  assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+  out = json.loads(lines[-1][len('RESULT '):])
+  assert len(out) == 8
+  for key, found in out.items():
+    assert found['whole_buffer'] == [], (key, found)
+
+
+_LOOP = '''
+%body (p: (s32[], f32[1,8,16,29], f32[64,128])) -> (s32[], f32[1,8,16,29], f32[64,128]) {
+  %p = (s32[], f32[1,8,16,29]{3,2,1,0}, f32[64,128]{1,0}) parameter(0)
+  %c = f32[1,8,16,29]{3,2,1,0} get-tuple-element(%p), index=1
+  %w = f32[64,128]{1,0} get-tuple-element(%p), index=2
+  %copy.1 = f32[1,8,16,29]{3,2,1,0} copy(%c)
+  %transpose.2 = f32[128,64]{0,1} transpose(%w), dimensions={1,0}
+  %copy.3 = f32[1,8,4,16]{3,2,1,0} copy(%c)
+  %fusion = f32[1,8,16,29]{3,2,1,0} fusion(%copy.1), kind=kLoop, calls=%fused
+}
+
+%fused (x: f32[1,8,16,29]) -> f32[1,8,16,29] {
+  %x = f32[1,8,16,29]{3,2,1,0} parameter(0)
+  %copy.4 = f32[1,8,16,29]{3,2,1,0} copy(%x)
+}
+
+ENTRY %main (a: f32[1,8,16,29]) -> f32[1,8,16,29] {
+  %w.0 = (s32[], f32[1,8,16,29]{3,2,1,0}, f32[64,128]{1,0}) while(%t), condition=%cond, body=%body
+  %copy.9 = f32[1,8,16,29]{3,2,1,0} copy(%a)
+}
+'''
+
+
+def test_loop_traffic_finds_copies_of_carried_buffers():
+  found = hlo_loops.loop_traffic(_LOOP, 8 * 16 * 29)
+  # The cache copies in the body and in a computation it calls, the weight's transpose;
+  # not the activation-sized copy, nor the copy outside the loop.
+  assert sorted(op for op, _ in found.whole_buffer) == ['copy', 'copy', 'transpose']
+  assert sum(found.ops.values()) == 4
+  with pytest.raises(ValueError, match='no while loop'):
+    hlo_loops.loop_traffic('ENTRY %main (a: f32[2]) -> f32[2] {\n}\n', 1)

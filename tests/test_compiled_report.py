@@ -1,0 +1,143 @@
+"""scripts/compiled_report.py: Table 2 predicted from the compiled programs.
+
+The script runs at tiny shapes in a subprocess (it sets 8 fake host devices before JAX
+starts); the properties checked hold at any size: partitioning splits the target's
+weights, only partitioned programs communicate, the predicted speedups are the cost model
+of theory.py on the recorded times, memory grows with batch and shrinks with devices. The
+committed full-size results are checked for what the README quotes of them.
+"""
+
+import json
+import pathlib
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from specdec_t5x.algorithm import theory
+from specdec_t5x.research import compiled_costs, compiled_tables, device_tables, paper
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+COMMITTED = REPO / 'results' / 'compiled_table2.json'
+
+
+@pytest.fixture(scope='module')
+def tiny(tmp_path_factory):
+  out = tmp_path_factory.mktemp('compiled') / 'tiny'
+  proc = subprocess.run([sys.executable, 'scripts/compiled_report.py', '--tiny', f'--out={out}'],
+                        cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(pathlib.Path(f'{out}.json').read_text()), \
+      pathlib.Path(f'{out}.md').read_text()
+
+
+def test_every_paper_row_is_predicted_by_the_cost_model(tiny):
+  data, _ = tiny
+  assert [(r['task'], r['draft'], r['gamma'], r['alpha_paper'], r['speedup_paper'])
+          for r in data['table2']] == [(r.task, r.draft, r.gamma, r.alpha, r.speedup)
+                                       for r in paper.TABLE_2]
+  for r in data['table2']:
+    assert set(r['predicted']) == {'TPU v4 x1', 'H200 x1', 'TPU v4 x8', 'H200 x8'}
+    for key, p in r['predicted'].items():
+      n, chip = key.split(' x')[1], key.split(' x')[0]
+      t = data['call_seconds'][n][chip]
+      t_t, t_d = t['xxl']['step_1'], t[r['draft']]['step_1']
+      t_v = t['xxl'][f"step_{r['gamma'] + 1}"]
+      assert p['c'] == pytest.approx(t_d / t_t) and p['verify_ratio'] == pytest.approx(t_v / t_t)
+      assert p['speedup'] == pytest.approx(float(theory.walltime_improvement_measured(
+          r['alpha_paper'], r['gamma'], t_d, t_t, t_v)))
+      assert 0 < p['c'] < 1 and p['verify_ratio'] > 1  # verifying k > 1 positions costs more
+
+
+def test_partitioning_splits_the_target_and_only_then_communicates(tiny):
+  data, _ = tiny
+  one, eight = data['models']['1'], data['models']['8']
+  for size in compiled_costs.SIZES:
+    assert eight[size]['param_bytes'] < one[size]['param_bytes'] / 2
+    for name, rec in eight[size]['programs'].items():
+      assert not any(one[size]['programs'][name]['collectives'].values())
+      assert rec['collectives']['all-reduce'] > 0, (size, name)
+      assert rec['compiled']['flops'] < one[size]['programs'][name]['compiled']['flops']
+    assert set(one[size]['programs']) == ({'prefill', 'step_1', 'step_4', 'step_6', 'step_8'}
+                                          if size == 'xxl' else {'prefill', 'step_1'})
+  step = data['per_device_costs']['8']['xxl']['step_1']
+  assert 0 < step['share']['bytes'] < 1 and 0 < step['share']['flops'] < 1
+  assert step['bytes'] < data['per_device_costs']['1']['xxl']['step_1']['bytes']
+
+
+def test_memory_grows_with_batch_and_shrinks_with_devices(tiny):
+  data, _ = tiny
+  for r in data['memory']:
+    m = {k: v['resident_bytes'] for k, v in r['per_device'].items()}
+    assert m['x1 b32'] > m['x1 b1'] > m['x8 b1'] and m['x1 b32'] > m['x8 b32'] > m['x8 b1']
+    for v in r['per_device'].values():
+      for chip in compiled_costs.CHIPS:
+        assert v['fits'][chip.name] == (v['resident_bytes'] <= chip.hbm_bytes)
+
+
+def test_markdown_is_labelled_as_predictions(tiny):
+  data, text = tiny
+  assert compiled_tables.LABEL in text
+  assert '\n'.join(compiled_tables.table2_lines(data)) in text
+
+
+def test_roofline_is_the_slower_of_compute_and_memory():
+  chip = compiled_costs.Chip('x', flops=100.0, hbm_bytes_per_s=10.0, hbm_bytes=1.0, source='')
+  assert compiled_costs.roofline_s(1000.0, 10.0, chip) == 10.0  # compute bound
+  assert compiled_costs.roofline_s(10.0, 1000.0, chip) == 100.0  # memory bound
+
+
+def test_lengths_are_the_paper_runs():
+  for base in paper.BASES.values():
+    text = (REPO / base).read_text()
+    lengths = re.search(r"TASK_FEATURE_LENGTHS = \{'inputs': (\d+), 'targets': (\d+)\}", text)
+    assert lengths and tuple(map(int, lengths.groups())) == (
+        compiled_costs.INPUT_LEN, compiled_costs.TARGET_LEN), base
+
+
+def test_committed_results_are_what_the_readme_quotes():
+  data = json.loads(COMMITTED.read_text())
+  assert data['lengths']['input'] == compiled_costs.INPUT_LEN
+  assert data['configs']['xxl'].startswith('T5Config(vocab_size=32128')
+  readme = (REPO / 'README.md').read_text()
+  assert '\n'.join(compiled_tables.table2_lines(data)) in readme
+  assert compiled_tables.LABEL in readme
+  speedups = [p['speedup'] for r in data['table2'] for p in r['predicted'].values()]
+  assert all(np.isfinite(speedups)) and min(speedups) > 1  # memory-bound steps at XXL
+
+
+def test_device_report_shows_measured_costs_beside_the_predictions(tiny):
+  data, _ = tiny
+  measured = {'target': 'xxl', 'enc_len': 128, 'cache_len': 72, 'pairs': {'small': {'c': 0.05}},
+              'sizes': {size: {'call_s': {1: t, 8: 1.5 * t}, 'prefill_s': 10 * t,
+                               'call_ratio_to_k1': {1: 1.0, 8: 1.5}}
+                        for size, t in (('small', 0.001), ('xl', 0.01), ('xxl', 0.02))}}
+  gpu = device_tables.vs_compiled(measured, data, 'NVIDIA H200')
+  predicted = data['call_seconds']['1']['H200']
+  assert gpu['chip'] == 'H200' and set(gpu['sizes']) == {'small', 'xxl'}  # xl: not compiled
+  assert gpu['sizes']['xxl']['step_s_predicted'] == predicted['xxl']['step_1']
+  assert gpu['sizes']['xxl']['verify_ratio_predicted'][8] == pytest.approx(
+      predicted['xxl']['step_8'] / predicted['xxl']['step_1'])
+  assert gpu['pairs']['small'] == {'c': 0.05, 'c_predicted': pytest.approx(
+      predicted['small']['step_1'] / predicted['xxl']['step_1'])}
+  assert device_tables.vs_compiled(measured, data, 'TPU v4')['chip'] == 'TPU v4'
+  cpu = device_tables.vs_compiled(measured, data, 'cpu')
+  assert cpu['chip'] is None and 'step_s_predicted' not in cpu['sizes']['xxl']
+  text = '\n'.join(device_tables.render_vs_compiled(gpu))
+  assert "beside the compiler's predictions" in text and 'small: 0.050' in text
+
+
+def test_bytes_are_what_each_program_must_move(tiny):
+  data, _ = tiny
+  for n, sizes in data['models'].items():
+    for size, m in sizes.items():
+      for name, rec in m['programs'].items():
+        mem, cost = rec['memory'], data['per_device_costs'][n][size][name]
+        assert cost['bytes'] == mem['argument'] + mem['output'] - mem['alias']
+        assert cost['bytes'] < cost['bytes_unfused']  # fusion only removes traffic
+      assert m['programs']['step_1']['memory']['alias'] > 0  # the cache is donated
+  for r in data['table2']:
+    for p in r['predicted'].values():
+      assert p['speedup_unfused'] > 0 and p['c_unfused'] > 0

@@ -1,0 +1,58 @@
+"""scripts/loop_efficiency.py at tiny sizes, and research/loop_probe.py's phase accounting."""
+import importlib.util
+import json
+import pathlib
+
+from specdec_t5x.research import loop_probe
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _script():
+  spec = importlib.util.spec_from_file_location('loop_efficiency_script',
+                                                REPO / 'scripts' / 'loop_efficiency.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_phases_split_each_iteration_between_the_calls():
+  t = iter(range(100))
+  stamp = lambda label: (label, float(next(t)))
+  # Two speculative iterations (a 2-token re-feed draft call, one more draft call, verify).
+  records = [stamp(l) for l in ('draft_start', 'draft_end', 'draft_start', 'draft_end',
+                                'target_start', 'target_end') * 2]
+  got = loop_probe.phases(records)
+  assert got['iterations'] == 2 and got['accept_gaps'] == 1
+  assert got['draft_calls'] == 4 and got['verify'] == 2  # 1 s per call
+  assert got['draft_sampling'] == 4  # draft_end -> draft_start / target_start
+  assert got['accept'] == 1 and got['span'] == 11
+  ar = loop_probe.phases([stamp(l) for l in ('target_start', 'target_end') * 3])
+  assert ar['iterations'] == 3 and ar['verify'] == 3 and ar['accept'] == 2
+  assert ar['draft_calls'] == ar['draft_sampling'] == 0
+
+
+def test_tiny_run_writes_the_table_and_keeps_the_tokens(tmp_path):
+  out = tmp_path / 'loop'
+  _script().main(['--tiny', '--out', str(out), '--gammas', '2', '--temperatures', '0,1',
+                  '--repeats', '1', '--matmuls', 'packed'])
+  data = json.loads(out.with_suffix('.json').read_text())
+  assert data['callback_overhead_s'] > 0
+  groups = data['matmuls']['packed']['groups']
+  assert [g['temperature'] for g in groups] == [0.0, 1.0]
+  for group in groups:
+    assert group['ar_loop']['probed_tokens_equal'] == 2  # stamps change no token
+    assert group['ar_copies']['whole_buffer'] == []
+    assert {r['draft'] for r in group['rows']} == {'small', 'self'}
+    for row in group['rows']:
+      loop = row['loop_s']
+      assert loop['probed_tokens_equal'] == 2
+      assert row['copies']['whole_buffer'] == []
+      assert row['speedup_measured'] > 0 and row['efficiency_end_to_end'] > 0
+      assert all(loop[p] >= 0 for p in loop_probe.PHASES) and loop['verify'] > 0
+      assert loop['draft_calls'] > 0 and loop['iterations'] > 0
+    self_row = next(r for r in group['rows'] if r['draft'] == 'self')
+    if group['temperature'] == 0:  # greedy, draft == target: every draft accepted
+      assert self_row['tokens_per_target_call'] > 2.5
+  md = out.with_suffix('.md').read_text()
+  assert '| draft | gamma | tokens/call | measured |' in md and 'temperature 1' in md
