@@ -57,6 +57,7 @@ _CHILD = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow  # a subprocess on 8 host devices
 def test_no_whole_buffer_copies_in_the_decode_loops_on_8_devices():
   env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
              JAX_PLATFORMS='cpu', SPECDEC_CPU_KERNELS='0')

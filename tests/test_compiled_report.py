@@ -19,6 +19,8 @@ import pytest
 from specdec_t5x.algorithm import theory
 from specdec_t5x.research import compiled_costs, compiled_tables, device_tables, paper
 
+pytestmark = pytest.mark.slow  # the compiled-cost report, run end to end
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 COMMITTED = REPO / 'results' / 'compiled_table2.json'
 

@@ -65,6 +65,7 @@ _CHILD = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow  # a subprocess on several host devices
 def test_sharded_params_decode_with_xla_dot_and_say_so():
   env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
              JAX_PLATFORMS='cpu')

@@ -107,6 +107,7 @@ _CHILD = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow  # a subprocess on 8 host devices under T5X's partitioner
 def test_draft_weights_are_sharded_arguments_of_the_t5x_predict_program(tmp_path):
   env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
              JAX_PLATFORMS='cpu')
