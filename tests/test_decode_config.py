@@ -163,5 +163,5 @@ def test_compiled_programs_are_kept_least_recently_used(target_and_draft, monkey
   target, draft = target_and_draft
   enc = random_inputs(1, 5, 40, seed=1)
   for gamma in (1, 2, 1, 3):
-    generate(target, enc, draft=draft, gamma=gamma, max_decode_length=2)
+    generate(target, enc, draft=draft, gamma=gamma, max_decode_length=3)
   assert [key[-1].gamma for key in api._COMPILED] == [1, 3]  # pylint: disable=protected-access
