@@ -3,6 +3,8 @@ import importlib.util
 import json
 import pathlib
 
+import pytest
+
 from specdec_t5x.research import loop_probe
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -32,6 +34,7 @@ def test_phases_split_each_iteration_between_the_calls():
   assert ar['draft_calls'] == ar['draft_sampling'] == 0
 
 
+@pytest.mark.slow  # the loop-efficiency script, run end to end
 def test_tiny_run_writes_the_table_and_keeps_the_tokens(tmp_path):
   out = tmp_path / 'loop'
   _script().main(['--tiny', '--out', str(out), '--gammas', '2', '--temperatures', '0,1',
