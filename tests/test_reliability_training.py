@@ -149,8 +149,10 @@ def test_failed_save_ends_in_one_clear_error_and_resumes(data_dir, tmp_path, mon
                                          r'checkpoint is step 2: .*rerun to resume'):
     training.train(tiny_model(), data_dir, work, cfg, allow_changed_config=True)
   # Orbax's writer threads have ended (and logged) before the error: none is left to
-  # print its traceback after it.
-  assert not [t.name for t in spawned if t.is_alive()]
+  # print its traceback after it. Executor pool workers (asyncio.to_thread's) never print
+  # one (their errors go to futures); one may still wait on a future of the failed save.
+  pool = ('asyncio_', 'ThreadPoolExecutor-')
+  assert not [t.name for t in spawned if t.is_alive() and not t.name.startswith(pool)]
   assert train_state.latest_step(work) == 2
   monkeypatch.setattr(train_state, 'save', real_save)
   monkeypatch.setattr(ts, 'open', real_open)

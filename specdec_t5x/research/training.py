@@ -41,6 +41,10 @@ from specdec_t5x.research.train_optim import LearningRate
 
 Params = Any
 _CALIBRATION_STEPS = 20  # Steps timed before fitting the total to the time budget.
+# Thread names of executor pools (asyncio.to_thread's default executor, ThreadPoolExecutor):
+# their work items' errors end in futures, so a failed save leaves nothing for them to
+# print; one may stay blocked on a future of Orbax's, and is not waited for.
+_POOL_WORKERS = ('asyncio_', 'ThreadPoolExecutor-')
 
 
 @jax.jit
@@ -218,6 +222,8 @@ class _Loop:
                        self.log.seconds(), run.total)
     except Exception as e:  # pylint: disable=broad-except
       for thread in set(threading.enumerate()) - threads:  # Orbax's writers: let them end
+        if thread.name.startswith(_POOL_WORKERS):
+          continue  # an executor's worker: its errors end in futures, never printed
         try:  # (and log) now, not at interpreter shutdown after this error.
           thread.join(timeout=60)
         except Exception:  # pylint: disable=broad-except
