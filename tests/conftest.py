@@ -3,6 +3,12 @@ marker: `pytest -m "not slow"` leaves out the end-to-end runs (runners, training
 infer, fine-tuning, Hugging Face, the demo checkpoints) and keeps the exactness and unit
 tests; README command 2 and .ci/run run everything."""
 
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,6 +21,26 @@ def pytest_configure(config):
   config.addinivalue_line(
       'markers', 'slow: an end-to-end run (subprocess, runner, training); deselect with '
       '-m "not slow" for the exactness and unit tests alone')
+
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def run_child(code, *args, host_devices=None, timeout=600, with_stderr=False, **env):
+  """Runs `code` in a fresh Python (cwd: the repository; `host_devices`: that many fake CPU
+  devices, set before JAX starts; `env`: more variables) and returns the JSON its last
+  'RESULT ' line prints (and its stderr, `with_stderr`); fails with its stderr if it exits
+  non-zero or prints none."""
+  env = dict(os.environ, **env)
+  if host_devices:
+    env.update(XLA_FLAGS=f'--xla_force_host_platform_device_count={host_devices}',
+               JAX_PLATFORMS='cpu')
+  proc = subprocess.run([sys.executable, '-c', code, *args], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=timeout)
+  lines = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')]
+  assert proc.returncode == 0 and lines, proc.stderr[-5000:]
+  out = json.loads(lines[-1][len('RESULT '):])
+  return (out, proc.stderr) if with_stderr else out
 
 
 def tiny_config(vocab=40, emb=32, layers=2, heads=4, v11=True, **kw):

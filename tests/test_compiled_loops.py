@@ -5,18 +5,13 @@ XLA's dot path (as accelerators get it) on 8 fake CPU devices, with T5X's partit
 and speculative: the while bodies may copy or transpose per-call activations, never a
 buffer as large as a cache the loop carries or a weight.
 """
-import json
-import os
-import pathlib
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from conftest import run_child
 
 from specdec_t5x.research import hlo_loops
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 _CHILD = textwrap.dedent('''
     import json
@@ -59,13 +54,7 @@ _CHILD = textwrap.dedent('''
 
 @pytest.mark.slow  # a subprocess on 8 host devices
 def test_no_whole_buffer_copies_in_the_decode_loops_on_8_devices():
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
-             JAX_PLATFORMS='cpu', SPECDEC_CPU_KERNELS='0')
-  proc = subprocess.run([sys.executable, '-c', _CHILD], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=900)
-  lines = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')]
-  assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-  out = json.loads(lines[-1][len('RESULT '):])
+  out = run_child(_CHILD, host_devices=8, timeout=900, SPECDEC_CPU_KERNELS='0')
   assert len(out) == 8
   for key, found in out.items():
     assert found['whole_buffer'] == [], (key, found)

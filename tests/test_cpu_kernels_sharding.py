@@ -4,18 +4,13 @@ with XLA's dot (which GSPMD partitions), with one log line; single-device params
 Runs in a subprocess with 8 fake CPU devices (XLA_FLAGS must be set before JAX starts).
 """
 
-import json
-import os
-import pathlib
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from conftest import run_child
 
 from specdec_t5x.algorithm import cpu_kernels
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.skipif(
     not cpu_kernels._cpu_has_avx2_fma(),  # pylint: disable=protected-access
@@ -67,17 +62,11 @@ _CHILD = textwrap.dedent('''
 
 @pytest.mark.slow  # a subprocess on several host devices
 def test_sharded_params_decode_with_xla_dot_and_say_so():
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
-             JAX_PLATFORMS='cpu')
-  proc = subprocess.run([sys.executable, '-c', _CHILD], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=600)
-  lines = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')]
-  assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-  out = json.loads(lines[-1][len('RESULT '):])
+  out, stderr = run_child(_CHILD, host_devices=8, with_stderr=True)
   assert out['unsharded'] and out['one_device'], out  # one device each: packed
   assert not out['sharded'] and not out['sharded_again'], out
   assert not out['traced'], out  # 8 devices, shardings unseen inside the trace: XLA's dot
   assert out['calls_unsharded'] > 0 and out['calls_sharded'] == 0, out
   assert out['same_tokens'], out
-  logged = [l for l in proc.stderr.splitlines() if 'spread over 8 devices' in l]
-  assert len(logged) == 1, proc.stderr[-3000:]  # once per process, not per call
+  logged = [l for l in stderr.splitlines() if 'spread over 8 devices' in l]
+  assert len(logged) == 1, stderr[-3000:]  # once per process, not per call

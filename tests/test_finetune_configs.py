@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import run_child
 from conftest import train_tiny_spm
 import seqio
 
@@ -124,12 +125,7 @@ _PARSE_ALL = textwrap.dedent('''
 def parsed():
   """{file: what it configures}, every fine-tuning file parsed as t5x.train parses it."""
   files = [f'configs/finetune/{task}_{size}.gin' for task in TASKS for size in SIZES]
-  proc = subprocess.run([sys.executable, '-c', _PARSE_ALL, T5X_GIN_ROOT, *files], cwd=REPO,
-                        capture_output=True, text=True, timeout=600,
-                        env=dict(os.environ, PYTHONPATH=str(REPO)))
-  lines = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')]
-  assert proc.returncode == 0 and lines, proc.stderr[-5000:]
-  return json.loads(lines[-1][len('RESULT '):])
+  return run_child(_PARSE_ALL, T5X_GIN_ROOT, *files, PYTHONPATH=str(REPO))
 
 
 @pytest.mark.parametrize('size', sorted(SIZES))

@@ -3,15 +3,11 @@
 The decoding check runs in a subprocess with 8 fake CPU devices
 (XLA_FLAGS=--xla_force_host_platform_device_count=8 must be set before JAX starts).
 """
-import json
-import os
-import pathlib
-import subprocess
-import sys
 import textwrap
 
 import jax
 import pytest
+from conftest import run_child
 from jax.sharding import PartitionSpec as P
 
 from specdec_t5x.integration import partitioning
@@ -19,7 +15,6 @@ from specdec_t5x.algorithm.network import T5Config, Transformer
 
 pytestmark = pytest.mark.slow  # subprocesses with several XLA devices
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _params(v11=True, layers=1):
@@ -122,13 +117,7 @@ _CHILD = textwrap.dedent('''
 
 
 def test_sharded_equals_unsharded_on_8_devices():
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
-             JAX_PLATFORMS='cpu')
-  proc = subprocess.run([sys.executable, '-c', _CHILD], cwd=REPO, env=env,
-                        capture_output=True, text=True, timeout=600)
-  lines = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')]
-  assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-  out = json.loads(lines[-1][len('RESULT '):])
+  out = run_child(_CHILD, host_devices=8)
   assert out['query_2'] == out['query_8'] == [[None, 'model'], 8]
   assert out['batch_2'] == out['batch_8'] == ['data']  # 'data' has size 1 in the second
   for key in ('ar_2', 'spec_2', 'spec_8'):

@@ -7,14 +7,10 @@ variables, create_checkpoint_manager_and_restore with the state transformation t
 configs/runs/infer.gin binds, the infer step partitioned as t5x.utils.get_infer_fn
 partitions it) on 8 host devices with PjitPartitioner(num_partitions=8), in a subprocess.
 """
-import json
-import os
-import pathlib
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from conftest import run_child
 
 pytest.importorskip('t5x', reason='T5X is not installed (not on PyPI; see README "With T5X")')
 # pylint: disable=g-import-not-at-top,g-bad-import-order
@@ -26,7 +22,6 @@ from t5x.examples.t5 import network as t5x_network
 from specdec_t5x.integration import draft_state, models
 from specdec_t5x.algorithm.network import T5Config
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 _CHILD = textwrap.dedent('''
     import dataclasses, functools, json, re
@@ -109,13 +104,7 @@ _CHILD = textwrap.dedent('''
 
 @pytest.mark.slow  # a subprocess on 8 host devices under T5X's partitioner
 def test_draft_weights_are_sharded_arguments_of_the_t5x_predict_program(tmp_path):
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
-             JAX_PLATFORMS='cpu')
-  proc = subprocess.run([sys.executable, '-c', _CHILD.format(root=str(tmp_path))], cwd=REPO,
-                        env=env, capture_output=True, text=True, timeout=900)
-  lines = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')]
-  assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-  out = json.loads(lines[-1][len('RESULT '):])
+  out = run_child(_CHILD.format(root=str(tmp_path)), host_devices=8, timeout=900)
   assert out['restored_equal']  # the draft checkpoint's weights, restored by T5X
   assert out['largest_constant'] < 4096, out  # no weight baked into the program
   assert out['draft_kernel_spec'] == ['None', 'model'], out  # [embed, mlp] over 8 devices

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import run_child
 
 pytest.importorskip('t5x', reason='T5X is not installed (not on PyPI; see README "With T5X")')
 # pylint: disable=g-import-not-at-top,g-bad-import-order
@@ -251,12 +252,7 @@ def test_every_paper_row_parses_and_builds_under_t5x_infer():
   files = sorted(str(p.relative_to(REPO)) for p in (REPO / 'configs').glob('spec_*.gin')
                  if p.name != 'spec_tiny_test.gin')
   assert len(files) == 12
-  proc = subprocess.run([sys.executable, '-c', _BUILD_ALL, *files], cwd=REPO,
-                        capture_output=True, text=True, timeout=900,
-                        env=dict(os.environ, PYTHONPATH=str(REPO)))
-  lines = [l for l in proc.stdout.splitlines() if l.startswith('RESULT ')]
-  assert proc.returncode == 0 and lines, proc.stderr[-5000:]
-  built = json.loads(lines[-1][len('RESULT '):])
+  built = run_child(_BUILD_ALL, *files, timeout=900, PYTHONPATH=str(REPO))
   rows = {row.config: row for row in paper.TABLE_2}
   assert sorted(rows) == sorted(pathlib.Path(p).name for p in built)
   for path, got in built.items():
