@@ -1,6 +1,7 @@
 """algorithm/rows.py: a batch of one row takes plain dynamic slices, larger batches vmap;
 both give each row its own window."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -34,3 +35,24 @@ def test_update_along_another_axis_casts_to_the_buffer_dtype():
   np.testing.assert_array_equal(np.asarray(out[1, :, :, 3:], np.float32), 1)
   assert float(jnp.sum(out.astype(jnp.float32))) == 2 * 2 * 4 * 2
   np.testing.assert_array_equal(rows.update(cache[1:], new[1:], start[1:], axis=3)[0], out[1])
+
+
+def test_update_all_writes_every_buffer_or_none():
+  """update_all == update of each buffer along its axis while every row's window fits; a
+  window past the end (or a negative start) leaves all buffers as they were."""
+  k = jnp.arange(2 * 3 * 6, dtype=jnp.float32).reshape(2, 3, 6)  # [b, d, slots]
+  v = -jnp.arange(2 * 6 * 3, dtype=jnp.float32).reshape(2, 6, 3)  # [b, slots, d]
+  k_new, v_new = jnp.ones((2, 3, 2)), jnp.ones((2, 2, 3))
+  for start in ([0, 4], [4], [1]):
+    start = jnp.asarray(start, jnp.int32)
+    b = start.shape[0]
+    got = jax.jit(rows.update_all, static_argnames='axes')(
+        (k[:b], v[:b]), (k_new[:b], v_new[:b]), start, axes=(2, 1))
+    np.testing.assert_array_equal(got[0], rows.update(k[:b], k_new[:b], start, axis=2))
+    np.testing.assert_array_equal(got[1], rows.update(v[:b], v_new[:b], start, axis=1))
+  for start in ([0, 5], [5], [-1]):  # one window past the end / before the start
+    start = jnp.asarray(start, jnp.int32)
+    b = start.shape[0]
+    got = rows.update_all((k[:b], v[:b]), (k_new[:b], v_new[:b]), start, axes=(2, 1))
+    np.testing.assert_array_equal(got[0], k[:b])
+    np.testing.assert_array_equal(got[1], v[:b])
