@@ -223,16 +223,15 @@ class _SpeculativeMixin:
                 decoder_prompt: Any = None, draft_params: Any = None) -> api.GenerateOutput:
     """api.generate with the target, the draft (`draft_params`: T5X's state carries it;
     None: the model's own, loaded on first use) and `run_config`."""
-    if draft_params is None and self.is_speculative and self._draft_params is None and (
-        self.draft_checkpoint):
-      # T5X's runners restore only the target (TrainState); load the draft on first use,
-      # replicated on every device (jit passes it to the program as an argument).
-      self.restore_draft()
-      replicated = jax.sharding.NamedSharding(
-          jax.sharding.Mesh(np.asarray(jax.devices()), ('devices',)),
-          jax.sharding.PartitionSpec())
-      self._draft_params = jax.device_put(self._draft_params, replicated)
     if draft_params is None and self.is_speculative:
+      if self._draft_params is None and self.draft_checkpoint:
+        # No draft in T5X's state (a gin file without draft_state.restore_draft, or a draft
+        # that is not a T5 network): load it on first use, replicated on every device.
+        self.restore_draft()
+        replicated = jax.sharding.NamedSharding(
+            jax.sharding.Mesh(np.asarray(jax.devices()), ('devices',)),
+            jax.sharding.PartitionSpec())
+        self._draft_params = jax.device_put(self._draft_params, replicated)
       draft_params = self.draft_params
     draft = (self.draft_module, draft_params) if self.is_speculative else None
     if draft is not None and self.run_config.gamma == 'auto':
