@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import cpu_kernels, decoding, network
+from specdec_t5x.algorithm import cpu_kernels, decoding, feature_draft, network
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.algorithm.stats import DecodeStats
 
@@ -72,7 +72,8 @@ def decode_variables(module, params) -> dict:
   model, so XLA's dot (which GSPMD partitions) is used, with one log line.
   """
   variables = {'params': params}
-  if not isinstance(module, network.Transformer) or not cpu_kernels.enabled():
+  if (not isinstance(module, (network.Transformer, feature_draft.FeatureDraft))
+      or not cpu_kernels.enabled()):
     return variables
   leaves = jax.tree_util.tree_leaves(params)
   spread = _devices_holding(leaves)
@@ -123,15 +124,29 @@ def _log_sharded(devices: int) -> None:
                   'uses XLA dot.', devices)
 
 
-def _extend_fn(module, variables) -> decoding.ExtendFn:
-  def fn(cache, tokens, positions):
-    return module.apply(variables, cache, tokens, positions, method='extend')
+def _extend_fn(module, variables, *extra) -> decoding.ExtendFn:
+  """`module.extend` bound to `variables`; `extra` arguments follow the ExtendFn's own
+  (return_features=True for a target read by a feature draft)."""
+  def fn(cache, tokens, positions, *args):
+    return module.apply(variables, cache, tokens, positions, *args, *extra, method='extend')
   return fn
 
 
-def _prepare(module, variables, encoder_tokens, cache_len):
-  encoded = module.apply(variables, encoder_tokens, method='encode')
-  return module.apply(variables, encoded, encoder_tokens, cache_len, method='init_cache')
+def reads_features(draft_module) -> bool:
+  """The draft is a head fed the target's features (feature_draft.py), not a model."""
+  return bool(getattr(draft_module, 'reads_target_features', False))
+
+
+def check_feature_draft(target_module, draft_module) -> None:
+  """Raises unless a feature-reading draft was made for this target's feature width."""
+  if not reads_features(draft_module):
+    return
+  want = getattr(getattr(target_module, 'config', None), 'emb_dim', None)
+  got = draft_module.config.target_emb_dim
+  if want is not None and want != got:
+    raise ValueError(f'The feature draft reads target features of width {got} '
+                     f'(target_emb_dim), but the target\'s emb_dim is {want}: it was '
+                     'trained for another target.')
 
 
 def decode_program(target_module, draft_module, *, max_len: int, config: DecodeConfig,
@@ -145,17 +160,26 @@ def decode_program(target_module, draft_module, *, max_len: int, config: DecodeC
     batch = encoder_tokens.shape[0]
     # Positions written: up to max_len + gamma (finished rows keep computing in place).
     cache_len = max_len + (config.gamma if draft_module is not None else 0) + 1
-    target_cache = _prepare(target_module, target_vars, encoder_tokens, cache_len)
-    target_fn = wrap('target', _extend_fn(target_module, target_vars))
+    encoded = target_module.apply(target_vars, encoder_tokens, method='encode')
+    target_cache = target_module.apply(target_vars, encoded, encoder_tokens, cache_len,
+                                       method='init_cache')
     if draft_module is None:
+      target_fn = wrap('target', _extend_fn(target_module, target_vars))
       return decoding.autoregressive_decode(target_fn, target_cache, rng, batch=batch,
                                             max_len=max_len, config=config, eos_id=eos_id,
                                             prompt=prompt)
-    draft_cache = _prepare(draft_module, draft_vars, encoder_tokens, cache_len)
+    features = reads_features(draft_module)
+    target_fn = wrap('target', _extend_fn(target_module, target_vars, *[True] * features))
+    if features:  # the head cross-attends to the target's encoder output: no encoder
+      draft_encoded = encoded
+    else:
+      draft_encoded = draft_module.apply(draft_vars, encoder_tokens, method='encode')
+    draft_cache = draft_module.apply(draft_vars, draft_encoded, encoder_tokens, cache_len,
+                                     method='init_cache')
     return decoding.speculative_decode(
         target_fn, wrap('draft', _extend_fn(draft_module, draft_vars)), target_cache,
         draft_cache, rng, batch=batch, max_len=max_len, config=config, eos_id=eos_id,
-        prompt=prompt)
+        prompt=prompt, feature_dim=target_module.config.emb_dim if features else None)
 
   return run
 
@@ -305,6 +329,7 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
       raise ValueError("gamma='auto' is chosen by the T5X model from measured call costs "
                        '(models.py, auto_gamma.py); generate needs an integer gamma.')
     check_vocab_sizes(target_module, draft_module)
+    check_feature_draft(target_module, draft_module)
   rng = jax.random.PRNGKey(0) if rng is None else rng
   fn = _compiled(target_module, draft_module, max_len=int(max_decode_length), config=config)
   draft_vars = None if draft_module is None else decode_variables(draft_module, draft_params)

@@ -31,6 +31,8 @@ import jax.numpy as jnp
 
 from specdec_t5x.algorithm import config as config_lib
 from specdec_t5x.algorithm import rows, sampling
+from specdec_t5x.algorithm.drafting import (draft_block, draft_unrolled, feature_drafter,
+                                            nonfinite, propose, token_drafter)
 from specdec_t5x.algorithm.stats import DecodeStats
 
 # Re-exported: the policy type lives with the decode configuration.
@@ -66,6 +68,9 @@ class DecodeState:
   alpha_hits: jax.Array  # [b] float32: decayed accepted drafts (running_alpha policy)
   alpha_tests: jax.Array  # [b] float32: decayed drafts tested (accepted or the rejected one)
   stats: DecodeStats  # the counters; generated_tokens is filled from `length` at the end
+  # A draft that reads the target's features (feature_draft.py) only:
+  features: Any = None  # [b, gamma + 1, E] float32: the target's, from the last verify call
+  feature_start: Any = None  # [b] int32: the position of features[:, 0]
 
 
 def _init_state(batch, max_len, extra, rng, target_cache, draft_cache, gamma):
@@ -93,23 +98,26 @@ def _with_prompt(state: DecodeState, prompt, max_len: int, target_fn: ExtendFn,
                  draft_fn: Optional[ExtendFn]) -> DecodeState:
   """Starts each row after its decoder prompt: the leading non-zero tokens of `prompt`
   [b, P] become its first tokens, and one call per model writes BOS and them into the
-  caches (beyond a row's prompt it writes slots that are rewritten before being read)."""
+  caches (beyond a row's prompt it writes slots that are rewritten before being read).
+  A feature-reading draft reads the target's features of that call (zeros before BOS),
+  and the state keeps the one before each row's next position."""
   p = prompt.shape[1]
   if p == 0:
     return state
   seq = state.seq.at[:, 2:2 + p].set(prompt.astype(jnp.int32))
   length = jnp.minimum(jnp.sum(prompt != 0, axis=1), max_len).astype(jnp.int32)  # [b]
   fed, start = seq[:, 1:1 + p], jnp.zeros_like(length)  # BOS, prompt[:, :-1] at 0..P-1
-  target_cache = target_fn(state.target_cache, fed, start)[1]
-  draft_cache = state.draft_cache if draft_fn is None else draft_fn(state.draft_cache, fed,
-                                                                    start)[1]
+  out = target_fn(state.target_cache, fed, start)
+  target_cache, draft_cache = out[1], state.draft_cache
+  if state.features is not None:
+    width = state.features.shape[1]
+    before = jnp.pad(out[2], ((0, 0), (1, width), (0, 0)))  # before[t]: the feature at t - 1
+    draft_cache = draft_fn(draft_cache, fed, start, before[:, :p])[1]
+    state = state.replace(features=rows.window(before, length, width), feature_start=length - 1)
+  elif draft_fn is not None:
+    draft_cache = draft_fn(draft_cache, fed, start)[1]
   return state.replace(seq=seq, length=length, done=length >= max_len,
                        target_cache=target_cache, draft_cache=draft_cache)
-
-
-def _nonfinite(logits) -> jax.Array:
-  """logits [b, ..., V] -> [b] bool: the row holds a NaN or an infinity."""
-  return ~jnp.all(jnp.isfinite(logits), axis=tuple(range(1, logits.ndim)))
 
 
 def _emit(state: DecodeState, candidates, num_new, max_len: int, eos_id: int):
@@ -154,15 +162,6 @@ def _split_keys(rng, num: int, cfg: sampling.SamplingConfig):
   return keys[:, 0], keys[:, 1:]
 
 
-def _propose(logits, keys, i, cfg: sampling.SamplingConfig):
-  """logits [b, V] -> (token [b], distribution [b, V], or None when greedy)."""
-  if cfg.greedy:
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
-  probs = sampling.standardize(logits, cfg)
-  key = jax.lax.dynamic_index_in_dim(keys, i, axis=1, keepdims=False)
-  return sampling.sample(key, probs), probs
-
-
 def autoregressive_decode(target_fn: ExtendFn, target_cache, rng, *, batch: int, max_len: int,
                           config: DecodeConfig, eos_id: int,
                           prompt=None) -> Tuple[jax.Array, DecodeStats]:
@@ -178,108 +177,15 @@ def autoregressive_decode(target_fn: ExtendFn, target_cache, rng, *, batch: int,
     rng, keys = _split_keys(s.rng, 1, cfg)
     last = rows.window(s.seq, s.length + 1, 1)  # [b, 1]
     logits, cache = target_fn(s.target_cache, last, s.length)
-    token, _ = _propose(logits[:, 0], keys, 0, cfg)
+    token, _ = propose(logits[:, 0], keys, 0, cfg)
     stats = s.stats.replace(
         target_calls=s.stats.target_calls + (~s.done).astype(jnp.int32),
-        nonfinite_target_logits=s.stats.nonfinite_target_logits | (_nonfinite(logits) & ~s.done))
+        nonfinite_target_logits=s.stats.nonfinite_target_logits | (nonfinite(logits) & ~s.done))
     s = s.replace(rng=rng, target_cache=cache, stats=stats)
     return _emit(s, token[:, None], jnp.ones((batch,), jnp.int32), max_len, eos_id)
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
   return _finish(state, max_len, prompt)
-
-
-def _confidence(logits, q):
-  """[b, V] -> [b] max probability of the draft's next-token distribution."""
-  probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1) if q is None else q
-  return jnp.max(probs, axis=-1)
-
-
-def _draft_refeed(draft_fn: ExtendFn, s: DecodeState):
-  """The first draft call fed y_{n-2} at n - 1 with y_{n-1} at n (the 2-token catch-up):
-  -> (logits [b, V] for position n + 1, draft cache)."""
-  logits, cache = draft_fn(s.draft_cache, rows.window(s.seq, s.length, 2), s.length - 1)
-  return logits[:, 1], cache
-
-
-def _draft_block(draft_fn: ExtendFn, s: DecodeState, keys, num_steps, limit, gamma: int,
-                 cfg: sampling.SamplingConfig, threshold: Optional[float] = None):
-  """Drafts up to `num_steps` (<= gamma, traced) tokens per row.
-
-  `limit` [b]: drafts that can count for each row. With `threshold`, a row stops once the
-  draft's confidence for its next position falls below it (its first draft always counts),
-  and the loop ends when no row with room goes on.
-
-  Returns (x [b, gamma], q [b, gamma, V] or None when greedy, draft cache, steps: the
-  loop's draft calls after the first (x_steps was never fed to the draft), count [b]:
-  drafts made for each row before it stopped, bad [b]: a draft call gave NaN/inf logits).
-  """
-  def catch_up(_):  # re-feed y_{n-2} at n - 1, left unwritten by a fully accepted block
-    return _draft_refeed(draft_fn, s)
-
-  def plain(_):
-    logits, cache = draft_fn(s.draft_cache, rows.window(s.seq, s.length + 1, 1), s.length)
-    return logits[:, 0], cache
-
-  logits, cache = jax.lax.cond(jnp.any(s.draft_behind & ~s.done), catch_up, plain, None)
-  bad = _nonfinite(logits)
-  x1, q1 = _propose(logits, keys, 0, cfg)
-  xs = jnp.zeros((x1.shape[0], gamma), jnp.int32).at[:, 0].set(x1)
-  qs = None if q1 is None else jnp.zeros(q1.shape[:1] + (gamma,) + q1.shape[1:]).at[:, 0].set(q1)
-  going = jnp.ones(x1.shape, bool)  # [b]
-  count = jnp.ones(x1.shape, jnp.int32)  # [b]
-
-  def body(carry):
-    i, xs, qs, cache, going, count, bad = carry
-    x_prev = jax.lax.dynamic_index_in_dim(xs, i - 1, axis=1, keepdims=True)  # [b, 1]
-    logits, cache = draft_fn(cache, x_prev, s.length + i)
-    bad = bad | _nonfinite(logits)
-    x, q = _propose(logits[:, 0], keys, i, cfg)
-    xs = jax.lax.dynamic_update_index_in_dim(xs, x, i, axis=1)
-    if qs is not None:
-      qs = jax.lax.dynamic_update_index_in_dim(qs, q, i, axis=1)
-    if threshold is not None:  # decided from q_{i+1} alone, before looking at x_{i+1}
-      going = going & (_confidence(logits[:, 0], q) >= threshold)
-      count = jnp.where(going, i + 1, count)
-    return i + 1, xs, qs, cache, going, count, bad
-
-  def cond(c):
-    i, going = c[0], c[4]
-    more = i < num_steps
-    if threshold is not None:
-      more &= jnp.any(going & (i < limit))
-    return more
-
-  steps, xs, qs, cache, _, count, bad = jax.lax.while_loop(
-      cond, body, (jnp.int32(1), xs, qs, cache, going, count, bad))
-  if threshold is None:
-    count = jnp.full(x1.shape, num_steps, jnp.int32)
-  return xs, qs, cache, steps, count, bad
-
-
-def _draft_unrolled(draft_fn: ExtendFn, s: DecodeState, keys, num_steps, gamma: int,
-                    cfg: sampling.SamplingConfig):
-  """`_draft_block` for the fixed policy: gamma draft calls unrolled, no loop or branch.
-
-  The first call always re-feeds y_{n-2} at n - 1 with y_{n-1} at n (a no-op rewrite of a
-  filled slot unless the last block was fully accepted; at n = 0 it writes the masked slot
-  of position -1), so the draft cache never falls behind. Near max_len the calls past
-  `num_steps` draft tokens that `limit` never lets count.
-  """
-  logits, cache = _draft_refeed(draft_fn, s)
-  bad = _nonfinite(logits)
-  xs, qs = [], []
-  for i in range(gamma):
-    if i:
-      logits, cache = draft_fn(cache, xs[-1][:, None], s.length + i)
-      logits = logits[:, 0]
-      bad = bad | _nonfinite(logits)
-    x, q = _propose(logits, keys, i, cfg)
-    xs.append(x)
-    qs.append(q)
-  count = jnp.full(xs[0].shape, num_steps, jnp.int32)
-  qs = None if qs[0] is None else jnp.stack(qs, axis=1)
-  return jnp.stack(xs, axis=1), qs, cache, jnp.int32(gamma), count, bad
 
 
 def _running_alpha_gamma(hits, tests, gamma: int, cost_ratio: float):
@@ -292,7 +198,8 @@ def _running_alpha_gamma(hits, tests, gamma: int, cost_ratio: float):
 
 def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, draft_cache, rng,
                        *, batch: int, max_len: int, config: DecodeConfig,
-                       eos_id: int, prompt=None) -> Tuple[jax.Array, DecodeStats]:
+                       eos_id: int, prompt=None,
+                       feature_dim: Optional[int] = None) -> Tuple[jax.Array, DecodeStats]:
   """Algorithm 1 inside one `lax.while_loop`. Returns (tokens [b, max_len], stats).
 
   `config`: an integer gamma (the static maximum draft length), the sampling settings,
@@ -300,10 +207,19 @@ def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, dr
   lenience (token-wise rule only) and the gamma policy (how many of the at most gamma
   drafts each row makes per step). `prompt`: as in autoregressive_decode (the step is
   unchanged after it, so exactness carries: the target's distribution given the prompt).
+
+  `feature_dim` E (a draft that reads the target's features, feature_draft.py): then
+  target_fn also returns the target's features [b, k, E] (network's extend with
+  return_features) and draft_fn is the head's extend (cache, tokens, positions, features
+  [b, k, E], pick=None) -> (logits, cache, predicted features); see feature_drafter.
+  Only what the draft proposes changes: the verify call and the rule are the same.
   """
   gamma, cfg, policy = config.gamma, config.sampling, config.gamma_policy
   lenience, verifier = config.lenience, config.verifier
   state = _init_state(batch, max_len, gamma + 1, rng, target_cache, draft_cache, gamma)
+  if feature_dim is not None:  # before BOS: zero features, "verified" at position -1
+    state = state.replace(features=jnp.zeros((batch, gamma + 1, feature_dim), jnp.float32),
+                          feature_start=jnp.full((batch,), -1, jnp.int32))
   if prompt is not None:
     state = _with_prompt(state, prompt, max_len, target_fn, draft_fn)
 
@@ -318,16 +234,24 @@ def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, dr
     num_steps = jnp.clip(jnp.max(room), 0, gamma)
     limit = jnp.minimum(room, num_steps)  # [b]
     threshold = policy.threshold if policy.kind == 'confidence' else None
-    if policy.kind == 'fixed':
-      xs, qs, draft_cache, steps, count, draft_bad = _draft_unrolled(
-          draft_fn, s, keys, num_steps, gamma, cfg)
+    if feature_dim is not None:
+      first, step = feature_drafter(draft_fn, s)
     else:
-      xs, qs, draft_cache, steps, count, draft_bad = _draft_block(
-          draft_fn, s, keys, num_steps, limit, gamma, cfg, threshold)
+      first, step = token_drafter(draft_fn, s, catch_up_when_behind=policy.kind != 'fixed')
+    if policy.kind == 'fixed':
+      xs, qs, carry, steps, count, draft_bad = draft_unrolled(
+          first, step, s, keys, num_steps, gamma, cfg)
+    else:
+      xs, qs, carry, steps, count, draft_bad = draft_block(
+          first, step, s, keys, num_steps, limit, gamma, cfg, threshold)
+    draft_cache = carry if feature_dim is None else carry[0]
     num_drafted = jnp.minimum(limit, count)
 
     last = rows.window(s.seq, s.length + 1, 1)  # [b, 1]
-    logits, target_cache = target_fn(s.target_cache, jnp.concatenate([last, xs], 1), s.length)
+    out = target_fn(s.target_cache, jnp.concatenate([last, xs], 1), s.length)
+    logits, target_cache = out[:2]
+    if feature_dim is not None:  # the next step's first draft call reads them
+      s = s.replace(features=out[2], feature_start=s.length)
     if cfg.greedy:  # one-hot p and q: the same rule, without materialising them
       best = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [b, gamma + 1]
       n_acc = sampling.accept_greedy(xs, best, num_drafted)
@@ -354,11 +278,12 @@ def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, dr
             jax.nn.one_hot(n_acc, gamma + 1, dtype=jnp.int32) * act[:, None], axis=0),
         draft_length_histogram=st.draft_length_histogram + jnp.sum(
             jax.nn.one_hot(num_drafted, gamma + 1, dtype=jnp.int32) * act[:, None], axis=0),
-        nonfinite_target_logits=st.nonfinite_target_logits | (_nonfinite(logits) & active),
+        nonfinite_target_logits=st.nonfinite_target_logits | (nonfinite(logits) & active),
         nonfinite_draft_logits=st.nonfinite_draft_logits | (draft_bad & active))
     s = s.replace(
         rng=rng, target_cache=target_cache, draft_cache=draft_cache,
-        draft_behind=(n_acc == steps) & (num_steps > 0) & (policy.kind != 'fixed'),
+        draft_behind=((n_acc == steps) & (num_steps > 0) & (policy.kind != 'fixed')
+                      & (feature_dim is None)),
         alpha_hits=jnp.where(active, policy.decay * s.alpha_hits + n_acc, s.alpha_hits),
         alpha_tests=jnp.where(active, policy.decay * s.alpha_tests + jnp.minimum(
             n_acc + 1, num_drafted), s.alpha_tests),

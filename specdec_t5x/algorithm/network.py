@@ -191,9 +191,19 @@ class Transformer(nn.Module):
     """Decode cache for up to `max_length` positions (0..max_length-1) per row."""
     return self.decoder.init_cache(encoded, encoder_input_tokens, max_length)
 
-  def extend(self, cache, tokens, positions):
-    """Append tokens [batch, k] at positions [batch].. -> (logits [b, k, vocab], cache)."""
-    return self.decoder.extend(cache, tokens, positions)
+  def extend(self, cache, tokens, positions, return_features: bool = False):
+    """Append tokens [batch, k] at positions [batch].. -> (logits [b, k, vocab], cache),
+    and with `return_features` also the decoder's final normalised hidden states [b, k,
+    emb] (float32): what the output layer reads, and what a feature_draft head reads."""
+    return self.decoder.extend(cache, tokens, positions, return_features)
+
+  def features(self, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens=None):
+    """Teacher-forced -> (logits [b, len, vocab], features [b, len, emb] float32 as
+    `extend` returns them, the encoder output [b, enc_len, emb]): a head's training data."""
+    encoded = self.encode(encoder_input_tokens)
+    logits, features = self.decoder(encoded, encoder_input_tokens, decoder_input_tokens,
+                                    decoder_target_tokens, return_features=True)
+    return logits, features, encoded
 
   def __call__(self, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens=None,
                encoder_segment_ids=None, decoder_segment_ids=None, encoder_positions=None,
@@ -272,15 +282,19 @@ class Decoder(nn.Module):
       # float32 whatever cfg.dtype is, as in T5X ("for stability").
       self.logits_dense = Dense(cfg.vocab_size, jnp.float32, kernel_init(), ('embed', 'vocab'))
 
-  def _logits(self, x, deterministic):
-    """Decoder output [b, len, emb] -> float32 logits [b, len, vocab]."""
+  def _logits(self, x, deterministic, return_features: bool = False):
+    """Decoder output [b, len, emb] -> float32 logits [b, len, vocab] (and, with
+    `return_features`, the normalised output the logits are computed from, float32)."""
     x = self.dropout(self.decoder_norm(x), deterministic=deterministic)
     if self.config.logits_via_embedding:  # T5 v1.0: tied, scaled by 1/sqrt(emb_dim)
-      return self.shared_embedding.attend(x) / jnp.sqrt(jnp.float32(x.shape[-1]))
-    return self.logits_dense(x)
+      logits = self.shared_embedding.attend(x) / jnp.sqrt(jnp.float32(x.shape[-1]))
+    else:
+      logits = self.logits_dense(x)
+    return (logits, x.astype(jnp.float32)) if return_features else logits
 
   def __call__(self, encoded, encoder_tokens, decoder_input_tokens, decoder_target_tokens=None,
-               encoder_segment_ids=None, decoder_segment_ids=None, deterministic: bool = True):
+               encoder_segment_ids=None, decoder_segment_ids=None, deterministic: bool = True,
+               return_features: bool = False):
     if encoder_segment_ids is not None and decoder_segment_ids is None:
       raise ValueError('encoder_segment_ids was given without decoder_segment_ids; packed '
                        'examples need both (cross attention stays within a segment).')
@@ -303,7 +317,7 @@ class Decoder(nn.Module):
     x = self.dropout(x, deterministic=deterministic)
     for layer in self.layers:
       x = layer(x, encoded, self_bias, cross_bias, deterministic)
-    return self._logits(x, deterministic)
+    return self._logits(x, deterministic, return_features)
 
   def init_cache(self, encoded, encoder_tokens, max_length: int):
     cfg = self.config
@@ -318,7 +332,7 @@ class Decoder(nn.Module):
                      'cross_k': ck, 'cross_v': cv})
     return {'layers': layers, 'encoder_mask': encoder_tokens > 0}
 
-  def extend(self, cache, tokens, positions):
+  def extend(self, cache, tokens, positions, return_features: bool = False):
     k = tokens.shape[1]
     num_slots = cache['layers'][0]['v'].shape[2]
     q_pos = positions[:, None] + jnp.arange(k)[None, :]  # [b, k]
@@ -332,7 +346,10 @@ class Decoder(nn.Module):
     for layer, layer_cache in zip(self.layers, cache['layers']):
       x, layer_cache = layer.extend(x, layer_cache, positions + 1, self_bias, cross_bias)
       new_layers.append(layer_cache)
-    return self._logits(x, True), dict(cache, layers=new_layers)
+    out = self._logits(x, True, return_features)
+    if return_features:
+      return out[0], dict(cache, layers=new_layers), out[1]
+    return out, dict(cache, layers=new_layers)
 
 
 def decode_kernels(params) -> dict:
@@ -348,7 +365,7 @@ def decode_kernels(params) -> dict:
   packed = {path: cpu_kernels.pack(w) for path, w in flat.items()
             if path[-1] == 'kernel' and w.ndim == 2 and w.dtype == jnp.float32}
   embedding = flat.get(('token_embedder', 'embedding'))
-  tied = not any(path[:2] == ('decoder', 'logits_dense') for path in flat)  # else packed above
+  tied = not any('logits_dense' in path for path in flat)  # else packed above
   if tied and embedding is not None and embedding.dtype == jnp.float32:
     packed[('token_embedder', 'embedding')] = cpu_kernels.pack(embedding.T)
   return traverse_util.unflatten_dict(packed)

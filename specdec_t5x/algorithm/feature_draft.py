@@ -1,0 +1,224 @@
+"""A draft head that reads the target: feature-level drafting for T5 (after EAGLE).
+
+Feature-level drafting (EAGLE-1/2/3, Li et al. 2024-2025) drafts with a small head fed the
+target's own top-layer features rather than with a separate model that sees only tokens.
+For an encoder-decoder target the head also cross-attends to the target's encoder output,
+so it has no encoder of its own and nothing to prefill.
+
+At decoder position t the head's input is its embedding of the token at t (the token the
+target emitted from position t - 1) plus a projection of the target's feature at t - 1
+(`Transformer.extend(..., return_features=True)`: the decoder's final normalised hidden
+state, zeros before position 0). Its decoder layers (cached self-attention over earlier
+head positions, cross-attention to the target's encoder output, gated MLP) end in two
+outputs: logits over the full vocabulary (its own `logits_dense`, float32) and a predicted
+target feature (`feature_out`). Past the last verified token the head feeds its predicted
+feature back (EAGLE-1's feature feedback); training runs several such self-fed passes with
+the attention pattern of decoding (`__call__`'s `passes`, EAGLE-3's training-time test).
+
+Decoding (decoding.py) calls `extend(cache, tokens, positions, features, pick)`: the first
+call of each step re-feeds a row's whole last verify window with the target's real
+features (the accepted ones are the row's new context; the others are rewritten before
+they are read) and returns only position `pick` (the row's next token); later calls feed
+one drafted token and the head's own predicted feature.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, List, Optional, Sequence, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from specdec_t5x.algorithm import rows
+from specdec_t5x.algorithm.layers import (Attention, Dense, Embed, MlpBlock,
+                                          RelativePositionBias, RMSNorm, kernel_init,
+                                          mask_to_bias)
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureDraftConfig:
+  """The head's sizes; `vocab_size` and `target_emb_dim` are the target's."""
+  vocab_size: int
+  target_emb_dim: int
+  emb_dim: int = 128
+  num_heads: int = 2
+  head_dim: int = 64
+  mlp_dim: int = 512
+  num_layers: int = 1
+  mlp_activations: Sequence[str] = ('gelu', 'linear')
+  dtype: Any = jnp.float32
+
+  def __post_init__(self):
+    for name in ('vocab_size', 'target_emb_dim', 'emb_dim', 'num_heads', 'head_dim',
+                 'mlp_dim', 'num_layers'):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f'FeatureDraftConfig.{name} must be an integer >= 1, got {value!r}.')
+
+
+class HeadLayer(nn.Module):
+  """Self-attention (cached or over several passes' keys), cross-attention, MLP."""
+  config: FeatureDraftConfig
+
+  def setup(self):
+    cfg = self.config
+    attention = lambda: Attention(cfg.num_heads, cfg.head_dim, cfg.emb_dim, cfg.dtype)
+    self.pre_self_attention_layer_norm = RMSNorm(cfg.dtype)
+    self.self_attention = attention()
+    self.pre_cross_attention_layer_norm = RMSNorm(cfg.dtype)
+    self.encoder_decoder_attention = attention()
+    self.pre_mlp_layer_norm = RMSNorm(cfg.dtype)
+    self.mlp = MlpBlock(cfg.mlp_dim, tuple(cfg.mlp_activations), cfg.dtype)
+
+  def qkv(self, x):
+    """x [b, k, emb] -> q, k, v [b, k, heads, head_dim]."""
+    y = self.pre_self_attention_layer_norm(x)
+    return (self.self_attention.project_q(y),) + self.self_attention.project_kv(y)
+
+  def cross_kv(self, encoded):
+    """The target's encoder output [b, enc, E] -> cache layouts [b, h, d, enc], [b, h, enc, d]."""
+    k, v = self.encoder_decoder_attention.project_kv(encoded)
+    return k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
+
+  def finish(self, x, attended, cross_k, cross_v, cross_bias):
+    """Residual of the self-attention output, then cross-attention and MLP blocks."""
+    x = x + attended
+    att = self.encoder_decoder_attention
+    y = self.pre_cross_attention_layer_norm(x)
+    x = x + att.attend_cached(att.project_q(y), cross_k, cross_v, cross_bias)
+    return x + self.mlp(self.pre_mlp_layer_norm(x))
+
+
+class FeatureDraft(nn.Module):
+  """The head. `__call__` is the teacher-forced training pass; `init_cache` / `extend` decode."""
+  config: FeatureDraftConfig
+  reads_target_features: ClassVar[bool] = True  # decoding.py feeds it the target's features
+
+  def setup(self):
+    cfg = self.config
+    self.token_embedder = Embed(cfg.vocab_size, cfg.emb_dim, dtype=cfg.dtype)
+    self.feature_in = Dense(cfg.emb_dim, cfg.dtype, kernel_init(), ('embed', 'mlp'))
+    self.relpos_bias = RelativePositionBias(cfg.num_heads, False, cfg.dtype)
+    self.layers = [HeadLayer(cfg) for _ in range(cfg.num_layers)]
+    self.final_norm = RMSNorm(cfg.dtype)
+    self.logits_dense = Dense(cfg.vocab_size, jnp.float32, kernel_init(), ('embed', 'vocab'))
+    self.feature_out = Dense(cfg.target_emb_dim, jnp.float32, kernel_init(), ('mlp', 'embed'))
+
+  def _inputs(self, tokens, features):
+    """tokens [b, k], the target's features at the previous positions [b, k, E] -> [b, k, emb]."""
+    x = self.token_embedder(tokens.astype(jnp.int32))
+    return x + self.feature_in(features.astype(self.config.dtype)).astype(x.dtype)
+
+  def _outputs(self, x):
+    """[b, k, emb] -> (logits [b, k, vocab] float32, predicted features [b, k, E] float32)."""
+    h = self.final_norm(x)
+    return self.logits_dense(h), self.feature_out(h)
+
+  def __call__(self, encoded, encoder_tokens, decoder_input_tokens, features,
+               decoder_target_tokens=None, passes: int = 1):
+    """Teacher-forced passes -> [(logits [b, L, V], predicted features [b, L, E])] per pass.
+
+    encoded [b, enc, E]: the target's encoder output; features [b, L, E]: the target's
+    features at t - 1 for each position t (zeros at 0). Pass 1 reads them; pass j > 1
+    reads pass j - 1's predictions at t - 1, and its query at t attends as the j-th draft
+    call does at decode time: pass 1's keys up to t - j + 1, then pass i's key at
+    t - (j - i) for i = 2..j (the positions drafted before it in the same step).
+    """
+    b, length = decoder_input_tokens.shape
+    pos = jnp.arange(length)
+    valid = (jnp.ones((b, length), bool) if decoder_target_tokens is None
+             else decoder_target_tokens > 0)
+    both = valid[:, :, None] & valid[:, None, :]  # [b, q, k]
+    relpos = self.relpos_bias(pos[None], pos[None])  # [1, h, q, k]
+    dtype = self.config.dtype
+    cross_bias = mask_to_bias((encoder_tokens > 0)[:, None, None, :], dtype)
+    cross = [layer.cross_kv(encoded) for layer in self.layers]
+    keys: List[List[Tuple[Any, Any]]] = [[] for _ in self.layers]
+    outputs, fed = [], features
+    for j in range(1, passes + 1):
+      blocks = [pos[None, :] <= pos[:, None] - (j - 1)]  # pass 1's keys: s <= t - j + 1
+      blocks += [pos[None, :] == pos[:, None] - (j - i) for i in range(2, j + 1)]
+      bias = jnp.concatenate([mask_to_bias((m[None] & both)[:, None], dtype) + relpos
+                              for m in blocks], axis=-1)  # [b, h, q, j * L]
+      x = self._inputs(decoder_input_tokens, fed)
+      for layer, (ck, cv), layer_keys in zip(self.layers, cross, keys):
+        q, k, v = layer.qkv(x)
+        layer_keys.append((k, v))
+        k_all = jnp.concatenate([kv[0] for kv in layer_keys], axis=1)
+        v_all = jnp.concatenate([kv[1] for kv in layer_keys], axis=1)
+        x = layer.finish(x, layer.self_attention.attend(q, k_all, v_all, bias), ck, cv,
+                         cross_bias)
+      logits, predicted = self._outputs(x)
+      outputs.append((logits, predicted))
+      fed = jnp.pad(predicted[:, :-1], ((0, 0), (1, 0), (0, 0)))  # t reads t - 1's prediction
+    return outputs
+
+  def init_cache(self, encoded, encoder_tokens, max_length: int):
+    """Cache for positions 0..max_length-1 (slot 0: position -1), from the target's
+    encoder output `encoded` [b, enc, E]."""
+    cfg = self.config
+    b, slots = encoded.shape[0], max_length + 1
+    layers = []
+    for layer in self.layers:
+      ck, cv = layer.cross_kv(encoded)
+      layers.append({'k': jnp.zeros((b, cfg.num_heads, cfg.head_dim, slots), cfg.dtype),
+                     'v': jnp.zeros((b, cfg.num_heads, slots, cfg.head_dim), cfg.dtype),
+                     'cross_k': ck, 'cross_v': cv})
+    return {'layers': layers, 'encoder_mask': encoder_tokens > 0}
+
+  def extend(self, cache, tokens, positions, features, pick: Optional[jax.Array] = None):
+    """tokens [b, k] at positions [b].., the target's (or the head's predicted) features
+    at the positions before them [b, k, E] -> (logits, cache, predicted features): at every
+    position ([b, k, V], [b, k, E]) or, with `pick` [b], at row r's position pick[r] only
+    ([b, 1, V], [b, 1, E])."""
+    k = tokens.shape[1]
+    num_slots = cache['layers'][0]['v'].shape[2]
+    q_pos = positions[:, None] + jnp.arange(k)[None, :]  # [b, k]
+    key_pos = jnp.arange(num_slots)[None, :] - 1  # [1, slots]
+    mask = (key_pos[:, None, :] >= 0) & (key_pos[:, None, :] <= q_pos[:, :, None])
+    dtype = self.config.dtype
+    self_bias = self.relpos_bias(q_pos, key_pos) + mask_to_bias(mask[:, None], dtype)
+    cross_bias = mask_to_bias(cache['encoder_mask'][:, None, None, :], dtype)
+    x = self._inputs(tokens, features)
+    new_layers = []
+    for layer, layer_cache in zip(self.layers, cache['layers']):
+      q, k_new, v_new = layer.qkv(x)
+      k_cache, v_cache = rows.update_all(
+          (layer_cache['k'], layer_cache['v']),
+          (k_new.transpose(0, 2, 3, 1), v_new.transpose(0, 2, 1, 3)), positions + 1, axes=(3, 2))
+      attended = layer.self_attention.attend_cached(q, k_cache, v_cache, self_bias)
+      x = layer.finish(x, attended, layer_cache['cross_k'], layer_cache['cross_v'], cross_bias)
+      new_layers.append(dict(layer_cache, k=k_cache, v=v_cache))
+    if pick is not None:
+      x = rows.window(x, pick, 1)
+    logits, predicted = self._outputs(x)
+    return logits, dict(cache, layers=new_layers), predicted
+
+
+def init_params(config: FeatureDraftConfig, rng: jax.Array, target_params: Any = None) -> Any:
+  """Random head params; with the target's (tied-embedding T5) params, the embedding and
+  the output layer start from the target's, seen through the head's projections: the
+  embedding is the target's projected by `feature_in` (so token and feature inputs share a
+  space), and `logits_dense` is `feature_out` followed by the target's tied output layer."""
+  head = FeatureDraft(config)
+  b, length, enc = 1, 4, 3
+  params = jax.jit(head.init)(
+      rng, jnp.zeros((b, enc, config.target_emb_dim)), jnp.ones((b, enc), jnp.int32),
+      jnp.ones((b, length), jnp.int32), jnp.zeros((b, length, config.target_emb_dim)))['params']
+  embedding = None if target_params is None else target_params.get('token_embedder', {}).get(
+      'embedding')
+  if embedding is None:
+    return params
+  embedding = jnp.asarray(embedding, jnp.float32)  # [V, E]
+  if embedding.shape != (config.vocab_size, config.target_emb_dim):
+    raise ValueError(f'The target embedding is {embedding.shape}; the head expects '
+                     f'[{config.vocab_size}, {config.target_emb_dim}].')
+  params = jax.tree_util.tree_map(lambda x: x, params)  # a mutable copy
+  w_in = params['feature_in']['kernel']  # [E, emb]
+  params['token_embedder']['embedding'] = embedding @ w_in
+  w_out = params['feature_out']['kernel']  # [emb, E]
+  params['logits_dense']['kernel'] = (w_out @ embedding.T) / jnp.sqrt(
+      jnp.float32(config.target_emb_dim))
+  return params

@@ -1,0 +1,195 @@
+"""The feature-reading draft head: its cached calls equal its teacher-forced passes, and
+speculative decoding with it is exact (greedy token for token; the enumerated sampling
+distribution by chi-square, with the broken-rule control).
+
+The strongest plumbing check: with greedy decoding, how many drafts the loop accepts is
+fixed by the head's teacher-forced passes over the final output (pass j at position
+n + j - 1 is what the j-th draft call of a step at length n computes while the earlier
+drafts were right), so the loop's accepted_tokens must equal a replay of those passes.
+"""
+
+import collections
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import make_model, random_inputs, tiny_config
+import test_distribution as td
+from specdec_t5x import generate
+from test_decoding import _eos_mid_batch
+from specdec_t5x.algorithm import api, feature_draft, sampling
+
+
+def make_head(target_params, vocab, emb=32, seed=3, layers=1):
+  config = feature_draft.FeatureDraftConfig(vocab_size=vocab, target_emb_dim=emb, emb_dim=16,
+                                            num_heads=2, head_dim=8, mlp_dim=32,
+                                            num_layers=layers)
+  params = feature_draft.init_params(config, jax.random.PRNGKey(seed), target_params)
+  return feature_draft.FeatureDraft(config), params
+
+
+@pytest.fixture(scope='module')
+def models():
+  target = make_model(tiny_config(vocab=8, emb=32, v11=False), seed=0)
+  return target, make_head(target[1], 8, layers=2, seed=0)
+
+
+def teacher_forced(target, head, enc, tokens, passes):
+  """The target's features and the head's passes over given outputs tokens [b, L]."""
+  module, params = target
+  dec_in = np.pad(tokens[:, :-1], ((0, 0), (1, 0)))
+  _, feats, encoded = module.apply({'params': params}, enc, dec_in, method='features')
+  before = jnp.pad(feats[:, :-1], ((0, 0), (1, 0), (0, 0)))
+  return head[0].apply({'params': head[1]}, encoded, enc, dec_in, before, passes=passes)
+
+
+def test_cached_calls_equal_the_teacher_forced_pass(models):
+  target, head = models
+  enc = random_inputs(3, 6, 8, seed=1)
+  tokens = np.random.RandomState(2).randint(2, 8, (3, 9)).astype(np.int32)
+  (logits, predicted), = teacher_forced(target, head, enc, tokens, passes=1)
+  module, params = target
+  dec_in = np.pad(tokens[:, :-1], ((0, 0), (1, 0)))
+  _, feats, encoded = module.apply({'params': params}, enc, dec_in, method='features')
+  before = jnp.pad(feats[:, :-1], ((0, 0), (1, 0), (0, 0)))
+  variables = {'params': head[1]}
+  cache = head[0].apply(variables, encoded, enc, 12, method='init_cache')
+  # Five positions in one call, then the rest one at a time; then one position picked.
+  got, cache, got_f = head[0].apply(variables, cache, dec_in[:, :5], jnp.zeros(3, jnp.int32),
+                                    before[:, :5], method='extend')
+  np.testing.assert_allclose(got, logits[:, :5], atol=1e-4)
+  np.testing.assert_allclose(got_f, predicted[:, :5], atol=1e-4)
+  for t in range(5, 9):
+    got, cache, _ = head[0].apply(variables, cache, dec_in[:, t:t + 1], jnp.full(3, t),
+                                  before[:, t:t + 1], method='extend')
+    np.testing.assert_allclose(got[:, 0], logits[:, t], atol=1e-4)
+  pick = jnp.array([0, 2, 3])
+  got, _, got_f = head[0].apply(variables, cache, dec_in[:, 4:8], jnp.full(3, 4),
+                                before[:, 4:8], pick, method='extend')
+  assert got.shape == (3, 1, 8) and got_f.shape == (3, 1, 32)
+  np.testing.assert_allclose(got[:, 0], logits[np.arange(3), 4 + pick], atol=1e-4)
+
+
+def test_self_fed_passes_attend_as_the_draft_calls_do(models):
+  """Pass j at t: the cache holds pass 1 up to t - j + 1, then the step's own drafts."""
+  target, head = models
+  enc = random_inputs(2, 5, 8, seed=3)
+  tokens = np.random.RandomState(4).randint(2, 8, (2, 8)).astype(np.int32)
+  passes = teacher_forced(target, head, enc, tokens, passes=3)
+  module, params = target
+  dec_in = np.pad(tokens[:, :-1], ((0, 0), (1, 0)))
+  _, feats, encoded = module.apply({'params': params}, enc, dec_in, method='features')
+  before = jnp.pad(feats[:, :-1], ((0, 0), (1, 0), (0, 0)))
+  variables = {'params': head[1]}
+  n = 3  # a step at length 3: real context up to position 2, drafts at 3, 4, 5
+  cache = head[0].apply(variables, encoded, enc, 10, method='init_cache')
+  _, cache, _ = head[0].apply(variables, cache, dec_in[:, :n], jnp.zeros(2, jnp.int32),
+                              before[:, :n], method='extend')
+  feature = before[:, n:n + 1]
+  for j in range(1, 4):
+    t = n + j - 1
+    logits, cache, feature = head[0].apply(variables, cache, dec_in[:, t:t + 1],
+                                           jnp.full(2, t), feature, method='extend')
+    np.testing.assert_allclose(logits[:, 0], passes[j - 1][0][:, t], atol=1e-4)
+
+
+def replay_accepted(passes, tokens, gamma, max_len):
+  """Greedy accepted drafts per row, replayed from the teacher-forced passes."""
+  best = np.stack([np.argmax(np.asarray(p[0]), -1) for p in passes])  # [gamma, b, L]
+  out = []
+  for r in range(tokens.shape[0]):
+    n, accepted = 0, 0
+    while n < max_len:
+      drafted = min(gamma, max_len - n - 1)
+      k = 0
+      while k < drafted and best[k, r, n + k] == tokens[r, n + k]:
+        k += 1
+      accepted += k
+      n += k + 1
+    out.append(accepted)
+  return np.array(out)
+
+
+@pytest.mark.parametrize('gamma', [1, 2, 4])
+def test_greedy_acceptances_replay_the_teacher_forced_passes(models, gamma):
+  target, head = models
+  enc = random_inputs(4, 6, 8, seed=5)
+  max_len = 16
+  out = generate(target, enc, draft=head, gamma=gamma, max_decode_length=max_len, eos_id=-1)
+  tokens = np.asarray(out.tokens)
+  passes = teacher_forced(target, head, enc, tokens, passes=gamma)
+  expected = replay_accepted(passes, tokens, gamma, max_len)
+  assert expected.sum() > 0  # the check means something only if some drafts are accepted
+  np.testing.assert_array_equal(np.asarray(out.stats['accepted_tokens']), expected)
+
+
+@pytest.mark.parametrize('batch', [1, 4])
+@pytest.mark.parametrize('policy', ['fixed', 'confidence', 'running_alpha'])
+def test_greedy_equals_autoregressive(target_and_draft, batch, policy):
+  target = target_and_draft[0]
+  head = make_head(target[1], 40)
+  enc = random_inputs(batch, 9, 40, seed=0)
+  eos = _eos_mid_batch(target, enc, 14) if batch > 1 else 1
+  ar = generate(target, enc, max_decode_length=14, eos_id=eos)
+  if batch > 1:  # EOS really ends rows at different times
+    assert len(set(np.asarray(ar.stats['generated_tokens']).tolist())) > 1
+  for gamma in range(1, 9) if policy == 'fixed' else (2, 5):
+    spec = generate(target, enc, draft=head, gamma=gamma, gamma_policy=policy,
+                    max_decode_length=14, eos_id=eos)
+    np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(ar.tokens),
+                                  err_msg=f'gamma={gamma}')
+
+
+def test_greedy_with_a_prompt_and_the_block_verifier(models):
+  target, head = models
+  enc = random_inputs(3, 6, 8, seed=8)
+  prompt = np.array([[5, 6, 0], [0, 0, 0], [7, 2, 3]], np.int32)
+  ar = generate(target, enc, max_decode_length=12, eos_id=-1, decoder_prompt=prompt)
+  for verifier in ('token', 'block'):
+    spec = generate(target, enc, draft=head, gamma=3, verifier=verifier, max_decode_length=12,
+                    eos_id=-1, decoder_prompt=prompt)
+    np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(ar.tokens))
+
+
+@pytest.fixture(scope='module')
+def dist_models():
+  target = make_model(tiny_config(vocab=td.VOCAB), seed=10, logit_scale=1.5)  # as there
+  return target, make_head(target[1], td.VOCAB, seed=12)
+
+
+@pytest.mark.parametrize('cfg', td.CASES, ids=['t1', 't0.6', 'topk3', 'topp0.7'])
+def test_sampling_matches_exact_target_distribution(dist_models, cfg):
+  target, head = dist_models
+  exact = td.exact_probabilities(target, td.ENC, cfg)
+  counts = td.sample_counts(target, head, td.ENC, cfg, seed=21, gamma=2)
+  assert td.chi2_pvalue(exact, counts) > 1e-3
+
+
+def test_block_verifier_with_the_head_matches_exact_distribution(dist_models):
+  target, head = dist_models
+  cfg = sampling.SamplingConfig(1.0, topk=3)
+  exact = td.exact_probabilities(target, td.ENC, cfg)
+  counts = td.sample_counts(target, head, td.ENC, cfg, seed=22, gamma=3, verifier='block')
+  assert td.chi2_pvalue(exact, counts) > 1e-3
+
+
+def test_broken_rule_with_the_head_is_detected(dist_models, monkeypatch):
+  target, head = dist_models
+  cfg = sampling.SamplingConfig(1.0)
+  exact = td.exact_probabilities(target, td.ENC, cfg)
+
+  def broken(num_accepted, num_drafted, q, p, lenience=1.0):
+    return jnp.take_along_axis(p, num_accepted[:, None, None], axis=1)[:, 0]
+
+  monkeypatch.setattr(sampling, 'correction_distribution', broken)
+  monkeypatch.setattr(api, '_COMPILED', collections.OrderedDict())
+  assert td.chi2_pvalue(exact, td.sample_counts(target, head, td.ENC, cfg, seed=21)) < 1e-6
+
+
+def test_a_head_for_another_target_width_is_refused(models):
+  target, _ = models
+  other = make_head(None, 8, emb=48)
+  with pytest.raises(ValueError, match='target_emb_dim'):
+    generate(target, random_inputs(1, 4, 8), draft=other, gamma=2, max_decode_length=4)
