@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import io
 import json
 import os
@@ -100,6 +101,7 @@ def environment(**extra: Any) -> Dict[str, Any]:
   import numpy as np  # pylint: disable=g-import-not-at-top
   dev = jax.devices()[0]
   return {'git_revision': run_dir.git_revision() or 'unknown',
+          'date': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
           'device_kind': dev.device_kind, 'platform': dev.platform,
           'num_devices': jax.device_count(), 'cpu_count': os.cpu_count(),
           'machine': platform.machine(), 'python': platform.python_version(),

@@ -1,0 +1,63 @@
+r"""Regenerates every file of results/ on today's code, one script at a time.
+
+  python scripts/reproduce_results.py                 # everything (an idle machine)
+  python scripts/reproduce_results.py --only demo_speedup_runs,feature_draft
+  python scripts/reproduce_results.py --quick --root /tmp/quick   # a smoke run
+  python scripts/reproduce_results.py --list          # the steps and their commands
+  python scripts/reproduce_results.py --index --readme  # re-render INDEX.md, README table
+
+Each step (research/reproduce.py STEPS: the flags the committed files were made with) runs
+in a fresh process; a timed step is refused while the machine is busy (load average,
+another Python process) unless --allow_busy, which marks the run. Logs each step's
+seconds to {root}/reproduce_log.json, then renders {root}/INDEX.md (file, command,
+revision, date, machine, headline) and, with --readme, the Results table of README.md
+from the JSON files.
+"""
+
+import argparse
+import json
+import os
+
+from specdec_t5x.integration import run_dir
+from specdec_t5x.research import reproduce
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  ap.add_argument('--only', default='', help='comma list of step names')
+  ap.add_argument('--quick', action='store_true', help='the steps with a quick form, quickly')
+  ap.add_argument('--root', default=reproduce.RESULTS, help='where the results go')
+  ap.add_argument('--allow_busy', action='store_true')
+  ap.add_argument('--list', action='store_true', help='print the steps and exit')
+  ap.add_argument('--index', action='store_true', help='only re-render INDEX.md')
+  ap.add_argument('--readme', action='store_true', help='also re-render README.md\'s table')
+  args = ap.parse_args(argv)
+  names = [n for n in args.only.split(',') if n]
+  unknown = set(names) - {s.name for s in reproduce.STEPS}
+  if unknown:
+    raise SystemExit(f'Unknown steps {sorted(unknown)}; see --list.')
+  steps = [s for s in reproduce.STEPS if not names or s.name in names]
+  if args.list:
+    for s in steps:
+      print(f'{s.name:28s}', ' '.join(['python'] + s.command(args.quick, args.root)[1:]))
+    return None
+  records = []
+  if not args.index:
+    os.makedirs(args.root, exist_ok=True)
+    records = reproduce.run(steps, quick=args.quick, allow_busy=args.allow_busy,
+                            root=args.root)
+    total = sum(r['seconds'] for r in records)
+    run_dir.write_atomic(os.path.join(args.root, 'reproduce_log.json'), json.dumps(
+        {'steps': records, 'total_seconds': round(total, 1)}, indent=1) + '\n')
+    print(f'{len(records)} steps in {total / 60:.1f} min')
+  run_dir.write_atomic(os.path.join(args.root, 'INDEX.md'),
+                       '\n'.join(reproduce.index(args.root)) + '\n')
+  if args.readme:
+    with open('README.md', encoding='utf-8') as f:
+      text = f.read()
+    run_dir.write_atomic('README.md', reproduce.render_readme(text, args.root))
+  return records
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,67 @@
+"""The reproduce-all command (research/reproduce.py): it runs every committed result with
+the flags that file records, refuses to time on a busy machine, and the README's Results
+table and results/INDEX.md are what the JSON files hold."""
+import glob
+import os
+import pathlib
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from specdec_t5x.research import reproduce
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+RESULTS = str(REPO / 'results')
+
+
+def _flags(command: str):
+  """A recorded command's flags without --out and its value (the step adds its own)."""
+  words = shlex.split(command)[2:]
+  out, skip = [], False
+  for w in words:
+    if skip:
+      skip = False
+    elif w == '--out':
+      skip = True
+    elif not w.startswith('--out='):
+      out.append(w)
+  return out
+
+
+def test_every_committed_result_is_a_step_with_its_recorded_flags():
+  steps = {s.name: s for s in reproduce.STEPS}
+  for path in sorted(glob.glob(os.path.join(RESULTS, '*.json'))):
+    name = os.path.basename(path)[:-5]
+    data = reproduce.load(name, RESULTS)
+    if 'command' not in data:
+      continue  # not a result script's file (e.g. the reproduce log)
+    assert name in steps, f'results/{name}.json has no reproduce step'
+    step = steps[name]
+    assert _flags(data['command']) == list(step.argv), name
+    assert data['command'].split()[1] == f'scripts/{step.script}', name
+
+
+def test_readme_results_table_is_rendered_from_the_json_files():
+  text = (REPO / 'README.md').read_text('utf-8')
+  assert reproduce.render_readme(text, RESULTS) == text, (
+      'README.md quotes other figures than results/*.json: run '
+      'python scripts/reproduce_results.py --index --readme')
+
+
+def test_index_lists_every_result_as_rendered():
+  committed = (REPO / 'results' / 'INDEX.md').read_text('utf-8')
+  assert committed == '\n'.join(reproduce.index(RESULTS)) + '\n'
+
+
+def test_a_running_python_process_makes_the_machine_busy():
+  child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])
+  try:
+    why = reproduce.busy(max_load=1e9)
+    assert why is not None and 'Python' in why
+    with pytest.raises(RuntimeError, match='Not timing'):
+      reproduce.run([reproduce.Step('x', 'nope.py')], root='/nonexistent')
+  finally:
+    child.kill()
+    child.wait()
