@@ -1,12 +1,16 @@
 """The README's first command, run fresh several times: what each run prints.
 
   flock /tmp/specdec_bench.lock python scripts/demo_runs.py [--runs=3] [--env KEY=VALUE]
+  # another demo file: results/demo_feature_draft_runs.{json,md}
+  python scripts/demo_runs.py --gin_file configs/demo_feature_draft.gin \
+      --out results/demo_feature_draft_runs
 
 Run from the repository root on an idle machine. Each run is a new process,
-`python -m specdec_t5x.infer --gin_file=configs/demo.gin` into an empty output directory
-(compilation included, as a new user sees it). Records the three lines it prints, its
-metrics (speedup with interval, alpha, BLEU of both runs) and whether the speculative and
-baseline prediction files hold the same predictions, in results/demo_speedup_runs.{json,md}.
+`python -m specdec_t5x.infer --gin_file=configs/demo.gin` (or --gin_file) into an empty
+output directory (compilation included, as a new user sees it). Records the three lines it
+prints, its metrics (speedup with interval, alpha, BLEU of both runs) and whether the
+speculative and baseline prediction files hold the same predictions, in
+results/demo_speedup_runs.{json,md} (or --out).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import tempfile
 from specdec_t5x.research import harness
 
 PREFIXES = ('demo_ende:', 'alpha ', 'walltime speedup')
-COMMAND = [sys.executable, '-m', 'specdec_t5x.infer', '--gin_file=configs/demo.gin']
+COMMAND = [sys.executable, '-m', 'specdec_t5x.infer']
 
 
 def predictions(path: str):
@@ -28,9 +32,10 @@ def predictions(path: str):
     return [json.loads(line)['prediction'] for line in f]
 
 
-def one_run(env) -> dict:
+def one_run(env, gin_file: str) -> dict:
   with tempfile.TemporaryDirectory() as out:
-    proc = subprocess.run(COMMAND + [f"--gin.INFER_OUTPUT_DIR='{out}'"], env=env, text=True,
+    command = COMMAND + [f'--gin_file={gin_file}', f"--gin.INFER_OUTPUT_DIR='{out}'"]
+    proc = subprocess.run(command, env=env, text=True,
                           capture_output=True, check=False)
     if proc.returncode:
       raise RuntimeError(f'the demo command failed:\n{proc.stderr[-3000:]}')
@@ -50,17 +55,19 @@ def one_run(env) -> dict:
 def main(argv=None):
   ap = harness.parser(__doc__, harness.results_path(__file__, 'demo_speedup_runs'))
   ap.add_argument('--runs', type=int, default=3)
+  ap.add_argument('--gin_file', default='configs/demo.gin')
   ap.add_argument('--env', action='append', default=[],
                   help='KEY=VALUE set for the runs (e.g. SPECDEC_CPU_KERNELS=0)')
   args = ap.parse_args(argv)
   env = dict(os.environ, **dict(kv.split('=', 1) for kv in args.env))
   runs = []
   for i in range(args.runs):
-    runs.append(one_run(env))
+    runs.append(one_run(env, args.gin_file))
     print(i + 1, *runs[-1]['printed'], f"identical: {runs[-1]['identical_predictions']}",
           sep='\n', flush=True)
   report = harness.Report(__file__, args, argv)
-  report.data.update(demo_command=' '.join(['python'] + COMMAND[1:]), runs=runs)
+  report.data.update(demo_command=' '.join(['python'] + COMMAND[1:] + [
+      f'--gin_file={args.gin_file}']), runs=runs)
   pooled = [r['walltime_speedup_stats']['pooled'] for r in runs]
   report.write(report.header(
       'The demo command, fresh runs',

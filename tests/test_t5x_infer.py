@@ -119,7 +119,7 @@ def env(tmp_path_factory):
   return dict(root=root, ckpts=ckpts, stock=stock, examples=examples, target=target)
 
 
-def _t5x_infer(env, out, fmt, *extra, output=OUTPUT):
+def _t5x_infer(env, out, fmt, *extra, output=OUTPUT, gin_file='configs/spec_t5_small_xxl.gin'):
   """`python -m t5x.infer --gin_file=configs/spec_t5_small_xxl.gin` + overrides."""
   ckpt = env['ckpts'][fmt]
   flags = [f"--gin.TARGET_CHECKPOINT='{ckpt['target']}'",
@@ -135,8 +135,7 @@ def _t5x_infer(env, out, fmt, *extra, output=OUTPUT):
   env_vars = dict(os.environ, PYTHONPATH=os.pathsep.join(
       [str(env['root']), str(REPO)] + [p for p in [os.environ.get('PYTHONPATH')] if p]))
   proc = subprocess.run(
-      [sys.executable, '-m', 't5x.infer', '--gin_file=configs/spec_t5_small_xxl.gin',
-       *flags, *extra], cwd=REPO, env=env_vars, capture_output=True, text=True, timeout=900)
+      [sys.executable, '-m', 't5x.infer', f'--gin_file={gin_file}', *flags, *extra], cwd=REPO, env=env_vars, capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-5000:]
   rows = [json.loads(l) for l in (out / output).read_text('utf-8').splitlines()]
   logged = re.findall(r'specdec_t5x: (\d+) examples: alpha ([\d.]+|n/a), ([\d.]+) tokens per '
@@ -263,3 +262,38 @@ def test_every_paper_row_parses_and_builds_under_t5x_infer():
     assert (got['gamma'], got['temperature']) == (row.gamma, row.temperature)
     assert got['draft_emb'] == network.T5_1_1_SIZES[row.draft][0]
     assert got['task'] == {'EnDe': tasks.WMT_ENDE, 'CNNDM': tasks.CNN_DAILYMAIL}[row.task]
+
+
+_HEAD_GIN = """
+from __gin__ import dynamic_registration
+from specdec_t5x.algorithm import feature_draft
+include 'configs/spec_t5_small_xxl.gin'
+DRAFT_CONFIG = @feature_draft.FeatureDraftConfig()
+feature_draft.FeatureDraftConfig:
+  vocab_size = %d
+  target_emb_dim = %d
+  emb_dim = 16
+  num_heads = 2
+  head_dim = 8
+  mlp_dim = 32
+"""
+
+
+def test_a_feature_draft_head_under_t5x_infer(env, tmp_path):
+  """A run file that selects a feature-reading head as the draft (two lines over the card's
+  file): T5X restores the head (a checkpoint T5X itself wrote) into its state with the
+  target, and the predictions stay stock T5X's greedy ones, with the statistics as aux."""
+  from specdec_t5x.algorithm import feature_draft  # pylint: disable=g-import-not-at-top
+  head_cfg = feature_draft.FeatureDraftConfig(
+      vocab_size=CONFIG.vocab_size, target_emb_dim=CONFIG.emb_dim, emb_dim=16, num_heads=2,
+      head_dim=8, mlp_dim=32)
+  head = _t5x_save(feature_draft.init_variables(head_cfg, jax.random.PRNGKey(5)),
+                   tmp_path / 'head', orbax=True)
+  gin_file = tmp_path / 'head.gin'
+  gin_file.write_text(_HEAD_GIN % (CONFIG.vocab_size, CONFIG.emb_dim))
+  rows, logged = _t5x_infer(env, tmp_path / 'out', 'orbax', f"--gin.DRAFT_CHECKPOINT='{head}'",
+                            '--gin.GAMMA=3', gin_file=str(gin_file))
+  assert [r['prediction'] for r in rows] == env['stock']
+  aux = {k: np.array([r['aux'][k] for r in rows]) for k in rows[0]['aux']}
+  assert np.all(aux['drafted_tokens'] <= 3 * aux['target_calls'])
+  assert int(logged[-1][0]) == NUM_EXAMPLES and logged[-1][-1] == '3'

@@ -19,6 +19,11 @@ Speculative step (Algorithm 1 of Leviathan et al., ICML 2023), per row with n to
   accept: n_acc leading drafts, then one token from the residual or the bonus p.
 Caches roll back for free: the next call writes from the row's new n, and stale slots lie
 beyond every query's position (masked by causality).
+
+A draft head that reads the target (feature_draft.py; `feature_dim`) drafts differently
+(drafting.feature_drafter): its first call re-feeds the last verify window with the
+target's features from that call, so each row's accepted prefix becomes its context with
+no rollback code; the verify call and the acceptance rule are the same for every draft.
 """
 
 from __future__ import annotations

@@ -197,16 +197,20 @@ class FeatureDraft(nn.Module):
     return logits, dict(cache, layers=new_layers), predicted
 
 
+def init_variables(config: FeatureDraftConfig, rng: jax.Array) -> Any:
+  """The head's random variables: 'params' and their logical axes, 'params_axes'."""
+  b, length, enc = 1, 4, 3
+  return jax.jit(FeatureDraft(config).init)(
+      rng, jnp.zeros((b, enc, config.target_emb_dim)), jnp.ones((b, enc), jnp.int32),
+      jnp.ones((b, length), jnp.int32), jnp.zeros((b, length, config.target_emb_dim)))
+
+
 def init_params(config: FeatureDraftConfig, rng: jax.Array, target_params: Any = None) -> Any:
   """Random head params; with the target's (tied-embedding T5) params, the embedding and
   the output layer start from the target's, seen through the head's projections: the
   embedding is the target's projected by `feature_in` (so token and feature inputs share a
   space), and `logits_dense` is `feature_out` followed by the target's tied output layer."""
-  head = FeatureDraft(config)
-  b, length, enc = 1, 4, 3
-  params = jax.jit(head.init)(
-      rng, jnp.zeros((b, enc, config.target_emb_dim)), jnp.ones((b, enc), jnp.int32),
-      jnp.ones((b, length), jnp.int32), jnp.zeros((b, length, config.target_emb_dim)))['params']
+  params = init_variables(config, rng)['params']
   embedding = None if target_params is None else target_params.get('token_embedder', {}).get(
       'embedding')
   if embedding is None:

@@ -45,17 +45,25 @@ def _repeated_extend(module, num_tokens: int, cache_len: int):
   if key in _EXTEND_FNS:
     return _EXTEND_FNS[key]
 
+  features = api.reads_features(module)  # a head: fed zeros for the target's outputs
+
   def run(variables, enc, num_calls):
-    encoded = module.apply(variables, enc, method='encode')
+    if features:
+      encoded = jnp.zeros(enc.shape + (module.config.target_emb_dim,), jnp.float32)
+    else:
+      encoded = module.apply(variables, enc, method='encode')
     cache = module.apply(variables, encoded, enc, cache_len, method='init_cache')
     tokens = jnp.full((enc.shape[0], num_tokens), 3, jnp.int32)
+    extra = ((jnp.zeros((enc.shape[0], num_tokens, module.config.target_emb_dim)),)
+             if features else ())
     seen = sum((jnp.sum(x).astype(jnp.float32) for x in jax.tree_util.tree_leaves(cache)
                 if jnp.issubdtype(x.dtype, jnp.floating)), jnp.float32(0.0))
 
     def body(i, carry):
       cache, acc = carry
       logits, cache = module.apply(variables, cache, tokens,
-                                   jnp.full((enc.shape[0],), i, jnp.int32), method='extend')
+                                   jnp.full((enc.shape[0],), i, jnp.int32), *extra,
+                                   method='extend')[:2]
       return cache, acc + logits[:, -1, 0].astype(jnp.float32)
     acc0 = jnp.zeros((enc.shape[0],), jnp.float32) + seen
     return jax.lax.fori_loop(0, num_calls, body, (cache, acc0))[1]

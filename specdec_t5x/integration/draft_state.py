@@ -25,15 +25,28 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import network
+from specdec_t5x.algorithm import feature_draft, network
 from specdec_t5x.integration import checkpoints
 
 COLLECTION = 'draft'  # T5X state: flax_mutables['draft'] (axes: flax_mutables_axes)
 
 
+def module_for(config: Any) -> Any:
+  """The draft module a gin DRAFT_CONFIG names: a feature head for a FeatureDraftConfig,
+  else a T5 network."""
+  if isinstance(config, feature_draft.FeatureDraftConfig):
+    return feature_draft.FeatureDraft(config)
+  return network.Transformer(config)
+
+
+def is_feature_draft(module: Any) -> bool:
+  return isinstance(module, feature_draft.FeatureDraft)
+
+
 def carries_draft(draft_module: Any) -> bool:
-  """Whether a draft's weights travel in T5X's state: drafts that are T5 networks."""
-  return isinstance(draft_module, network.Transformer)
+  """Whether a draft's weights travel in T5X's state: drafts that are T5 networks or
+  feature-reading heads (feature_draft.py)."""
+  return isinstance(draft_module, (network.Transformer, feature_draft.FeatureDraft))
 
 
 def initial_variables(draft_module: Any, rng: jax.Array,
@@ -43,8 +56,11 @@ def initial_variables(draft_module: Any, rng: jax.Array,
   Random params (T5X only takes their shapes, or uses them with `fallback_init_rng`),
   or `params` when the model was given its draft's weights.
   """
-  dummy = jnp.ones((1, 4), jnp.int32)
-  variables = draft_module.init(rng, dummy, dummy, dummy)
+  if isinstance(draft_module, feature_draft.FeatureDraft):
+    variables = feature_draft.init_variables(draft_module.config, rng)
+  else:
+    dummy = jnp.ones((1, 4), jnp.int32)
+    variables = draft_module.init(rng, dummy, dummy, dummy)
   return {COLLECTION: variables['params'] if params is None else params,
           f'{COLLECTION}_axes': variables['params_axes']}
 
@@ -62,7 +78,7 @@ def restore_draft(ckpt_state: Mapping[str, Any], target_state: Mapping[str, Any]
   """A T5X `RestoreStateTransformationFn`: the target checkpoint's state dict plus the
   draft's params from `checkpoint`, where T5X's state has a draft (else unchanged).
 
-  Bind `checkpoint`, `config` (the draft's T5Config, to check the tree) and `dtype` in
+  Bind `checkpoint`, `config` (the draft's T5Config or FeatureDraftConfig, to check the tree) and `dtype` in
   gin; T5X calls it with the checkpoint's and the model's state dicts.
   """
   del is_resuming

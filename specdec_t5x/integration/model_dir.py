@@ -2,7 +2,8 @@
 
 Layout (what scripts/train.py --final_export writes and checkpoints/demo/<model>/ holds):
 
-  <model_dir>/config.json            T5Config fields (dtype by name), `T5Config(**fields)`
+  <model_dir>/config.json            T5Config fields (dtype by name), `T5Config(**fields)`;
+                                     a feature draft head's: FeatureDraftConfig's + "kind"
   <model_dir>/checkpoint_<step>/     T5X native params (bfloat16 storage)
   <model_dir>/vocabulary.json        optional: the SentencePiece model (see vocab_check)
 
@@ -20,26 +21,34 @@ from typing import Any, Mapping, Optional
 import jax
 import jax.numpy as jnp
 
+from specdec_t5x.algorithm.feature_draft import FeatureDraftConfig
 from specdec_t5x.algorithm.network import T5Config
 from specdec_t5x.integration import run_dir, vocab_check
 from specdec_t5x.integration.checkpoints import load_params, save_params
 
 CONFIG = 'config.json'
+FEATURE_DRAFT = 'feature_draft'  # config.json's "kind" of a feature-reading draft head
 Params = Any
 
 
-def config_to_dict(config: T5Config) -> dict[str, Any]:
-  """JSON-able T5Config fields (dtype by name); `config_from_dict` rebuilds it."""
+def config_to_dict(config: Any) -> dict[str, Any]:
+  """JSON-able T5Config (or FeatureDraftConfig, recorded with "kind": "feature_draft")
+  fields, dtype by name; `config_from_dict` rebuilds it."""
   fields = dataclasses.asdict(config)
   fields['dtype'] = jnp.dtype(config.dtype).name
   fields['mlp_activations'] = list(config.mlp_activations)
+  if isinstance(config, FeatureDraftConfig):
+    fields['kind'] = FEATURE_DRAFT
   return fields
 
 
-def config_from_dict(fields: Mapping[str, Any], **overrides: Any) -> T5Config:
-  """The T5Config of `config_to_dict` output (lists become tuples), with `overrides`."""
+def config_from_dict(fields: Mapping[str, Any], **overrides: Any) -> Any:
+  """The config of `config_to_dict` output (lists become tuples), with those `overrides`
+  that are its fields."""
   fields = {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}
-  return T5Config(**{**fields, **overrides})
+  cls = FeatureDraftConfig if fields.pop('kind', None) == FEATURE_DRAFT else T5Config
+  names = {f.name for f in dataclasses.fields(cls)}
+  return cls(**{**fields, **{k: v for k, v in overrides.items() if k in names}})
 
 
 def save(params: Params, out_dir: str, config: T5Config, step: int,

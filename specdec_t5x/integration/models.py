@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import api, auto_gamma, network, stats
+from specdec_t5x.algorithm import api, auto_gamma, feature_draft, network, stats
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.integration import checkpoints, draft_state, t5x_outputs, vocab_check
 
@@ -51,11 +51,12 @@ def as_our_transformer(module: Any) -> Any:
 
 
 def config_dict(config: Any) -> Optional[Dict[str, Any]]:
-  """A JSON-friendly dict of a T5Config (None stays None)."""
+  """A JSON-friendly dict of a T5Config or FeatureDraftConfig (None stays None)."""
   if config is None:
     return None
   out = {}
-  for name in _CONFIG_FIELDS:
+  for name in ([f.name for f in dataclasses.fields(config)]
+               if dataclasses.is_dataclass(config) else _CONFIG_FIELDS):
     value = getattr(config, name, None)
     out[name] = (list(value) if isinstance(value, (tuple, list))
                  else value if isinstance(value, (int, float, str, bool, type(None)))
@@ -65,8 +66,9 @@ def config_dict(config: Any) -> Optional[Dict[str, Any]]:
 
 def init_params(module: Any, rng: jax.Array) -> Any:
   """Random parameters of a Transformer-like module (smoke tests, `fallback_init_rng`)."""
-  dummy = jnp.ones((1, 4), jnp.int32)
-  return jax.jit(module.init)(rng, dummy, dummy, dummy)['params']
+  if draft_state.is_feature_draft(module):
+    return feature_draft.init_params(module.config, rng)
+  return jax.jit(module.init)(rng, *[jnp.ones((1, 4), jnp.int32)] * 3)['params']
 
 
 def load_checkpoint(path: Optional[str], *, macro: str, what: str, config: Any = None,
@@ -93,7 +95,7 @@ class _SpeculativeMixin:
     self.decode_config = decode_config  # the one set of decode settings (gamma may be 'auto')
     target = as_our_transformer(self.module)
     if draft_module is None and draft_config is not None:
-      draft_module = network.Transformer(draft_config)
+      draft_module = draft_state.module_for(draft_config)
     self.target_module = target
     self.draft_module = draft_module
     self.draft_config = getattr(draft_module, 'config', draft_config)
@@ -106,6 +108,7 @@ class _SpeculativeMixin:
     self._run_totals: Dict[str, Any] = {}
     if draft_module is not None:
       api.check_vocab_sizes(target, draft_module)  # at construction: before any loading
+      api.check_feature_draft(target, draft_module)
       target_vocab = self.output_vocabulary
       if (draft_vocabulary is not None and target_vocab is not None
           and not vocab_check.same_sentencepiece(draft_vocabulary, target_vocab)):
@@ -334,8 +337,8 @@ class StandaloneSpeculativeModel(_SpeculativeMixin):
     module: target Transformer (ours, or any module with a T5 `config`).
     input_vocabulary, output_vocabulary: the target's seqio vocabularies (None: the task's).
     optimizer_def: accepted for T5X compatibility; unused.
-    draft_config: T5Config of a draft Transformer; or `draft_module` for another draft
-      (e.g. drafts.BigramDraft); neither = autoregressive baseline.
+    draft_config: T5Config of a draft Transformer, FeatureDraftConfig of a feature head;
+      or `draft_module` for another draft (drafts.BigramDraft); neither = autoregressive.
     draft_checkpoint: T5X checkpoint of the draft (loaded by `restore_draft`).
     draft_params: draft parameters, instead of a checkpoint.
     draft_vocabulary: the draft's vocabulary, checked to be the target's.

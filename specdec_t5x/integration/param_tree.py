@@ -8,9 +8,11 @@ converted from Hugging Face) can be checked against a config before anything run
 
 from typing import Any, Mapping
 
+import jax
 import numpy as np
 from flax import traverse_util
 
+from specdec_t5x.algorithm import feature_draft
 from specdec_t5x.algorithm.layers import NUM_BUCKETS
 
 Path = tuple[str, ...]
@@ -37,7 +39,11 @@ def num_layers(config: Any, stack: str) -> int:
 
 
 def expected_shapes(config: Any) -> dict[Path, tuple[int, ...]]:
-  """Parameter path -> shape of T5X's T5 tree, for any object with T5Config's fields."""
+  """Parameter path -> shape of T5X's T5 tree, for any object with T5Config's fields (or
+  of a feature draft head's tree, for a FeatureDraftConfig)."""
+  if isinstance(config, feature_draft.FeatureDraftConfig):
+    shapes = jax.eval_shape(lambda: feature_draft.init_params(config, jax.random.PRNGKey(0)))
+    return {k: tuple(v.shape) for k, v in traverse_util.flatten_dict(shapes).items()}
   emb, mlp, heads = config.emb_dim, config.mlp_dim, config.num_heads
   inner = heads * config.head_dim
   shapes = {('token_embedder', 'embedding'): (config.vocab_size, emb)}  # [vocab, emb]

@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import api, batching, network, sampling
+from specdec_t5x.algorithm import api, batching, sampling
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.integration import demo, draft_files, model_dir
+from specdec_t5x.integration import demo, draft_files, draft_state, model_dir
 from specdec_t5x.integration.tasks import PREFIXES
 
 # The demo's locations under the demo root (integration/demo.py: $SPECDEC_DEMO_ROOT, else
@@ -37,7 +37,7 @@ def load_model(name: str, task: str = 'ende', root: str = DEMO_DIR) -> ModelAndP
   if name in NGRAMS:
     return draft_files.load_ngram(os.path.join(root, f'{name}_{task}.npz'))
   config, params = model_dir.load(os.path.join(root, name))
-  return network.Transformer(config), params
+  return draft_state.module_for(config), params  # a T5 network or a feature draft head
 
 
 @dataclasses.dataclass

@@ -1,0 +1,125 @@
+r"""The feature-reading draft head against the small draft model, on the demo family.
+
+  flock /tmp/specdec_bench.lock python scripts/feature_draft_table.py \
+      [--num_examples 40] [--timed_examples 24] [--gammas 1,2,3,4,5,6,7]
+
+Run from the repository root on an idle machine. Three parts, one process:
+
+1. Acceptance (deterministic counts, no timing): for each task (ende, summarize),
+   temperature (0, 1), draft (demo_feature_head, demo_draft_m) and gamma, speculative
+   decoding of the task's first --num_examples test inputs (batches of 16): alpha =
+   accepted / drafted, alpha_1 (the first draft's acceptance), per-position acceptance,
+   tokens per target call.
+2. Call costs (timing.call_costs, interleaved): a target step, each draft's one-token step
+   (c = t_draft / t_target) and the head's gamma + 1 position call (its first call of a step).
+3. Walltime speedup by output length (EN->DE, greedy): the --timed_examples inputs split
+   into three groups by the autoregressive output's length, each timed by speed.sweep
+   (AR and both drafts at --timed_gammas, interleaved, batch 1): measured, ideal and
+   efficiency per group.
+
+Writes results/feature_draft.{json,md}.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tqdm import tqdm
+
+from specdec_t5x.algorithm import api, batching, sampling, timing
+from specdec_t5x.research import evaluation, harness, speed
+
+HEAD, DRAFT, TARGET = 'demo_feature_head', 'demo_draft_m', 'demo_target'
+
+
+def acceptance(target, drafts, tasks, temperatures, gammas, n, max_len, bar):
+  rows = []
+  for task in tasks:
+    enc = batching.pad_batch([e.inputs for e in evaluation.load_examples(task, n)])
+    for temp in temperatures:
+      cfg = sampling.SamplingConfig(temp)
+      for name, draft in drafts[task].items():
+        for g in gammas:
+          s = speed.speculative_stats(target, draft, enc, cfg, g, max_len)
+          per_pos = evaluation.alpha_per_position(s['accepted_length_histogram'])
+          rows.append({'task': task, 'temperature': temp, 'draft': name, 'gamma': g,
+                       'alpha': float(s['accepted_tokens'] / max(1, s['drafted_tokens'])),
+                       'alpha_1': per_pos[0], 'alpha_per_position': per_pos,
+                       'tokens_per_target_call': float(s['generated_tokens'] / s['target_calls'])})
+          bar.update(1)
+  return rows
+
+
+def by_length(target, drafts, n, max_len, gammas, cost, repeats):
+  """speed.sweep over three groups of EN->DE inputs split by AR output length."""
+  examples = evaluation.load_examples('ende', n)
+  enc_all = batching.pad_batch([e.inputs for e in examples])
+  ar = api.generate(target, enc_all, max_decode_length=max_len)
+  lengths = np.asarray(ar.stats['generated_tokens'])
+  order = np.argsort(lengths, kind='stable')
+  groups = []
+  for part in np.array_split(order, 3):
+    enc = batching.pad_batch([examples[i].inputs for i in sorted(part)])
+    res = speed.sweep(target, drafts, enc, max_len, gammas, sampling.SamplingConfig(0.0), cost,
+                      repeats)
+    groups.append({'output_tokens': [int(lengths[part].min()), int(lengths[part].max())],
+                   'mean_output_tokens': float(lengths[part].mean()), 'examples': len(part),
+                   'drafts': {k: v['rows'] for k, v in res['drafts'].items()}})
+  return groups
+
+
+def main(argv=None):
+  ap = harness.parser(__doc__, harness.results_path(__file__, 'feature_draft'), repeats=3)
+  ap.add_argument('--num_examples', type=int, default=40)
+  ap.add_argument('--timed_examples', type=int, default=24)
+  ap.add_argument('--gammas', type=harness.ints, default=[1, 2, 3, 4, 5, 6, 7])
+  ap.add_argument('--timed_gammas', type=harness.ints, default=[3, 4])
+  ap.add_argument('--temperatures', type=harness.floats, default=[0.0, 1.0])
+  ap.add_argument('--max_len', type=int, default=64)
+  args = ap.parse_args(argv)
+  target = evaluation.load_model(TARGET)
+  tasks = ['ende', 'summarize']
+  drafts = {t: {HEAD: evaluation.load_model(HEAD, t), DRAFT: evaluation.load_model(DRAFT, t)}
+            for t in tasks}
+  total = len(tasks) * len(args.temperatures) * 2 * len(args.gammas)
+  with tqdm(total=total, desc='acceptance') as bar:
+    rows = acceptance(target, drafts, tasks, args.temperatures, args.gammas,
+                      args.num_examples, args.max_len, bar)
+  enc = batching.pad_batch([e.inputs for e in evaluation.load_examples('ende', 8)])
+  cost = speed.costs(target, drafts['ende'], enc, args.timed_gammas, max_len=args.max_len)
+  first = {f't_head_first_call_{g + 1}': (*drafts['ende'][HEAD], g + 1) for g in args.timed_gammas}
+  cost.update(timing.call_costs(first, batching.trim_batch(enc[:1]), repeats=7,
+                                      cache_len=args.max_len + max(args.timed_gammas) + 1))
+  groups = by_length(target, drafts['ende'], args.timed_examples, args.max_len,
+                     args.timed_gammas, cost, args.repeats)
+  report = harness.Report(__file__, args, argv)
+  c = {name: cost[f't_draft_step_{name}'] / cost['t_target_step'] for name in (HEAD, DRAFT)}
+  report.data.update(acceptance=rows, costs_s=cost, c=c, by_length=groups)
+  md = report.header(
+      'A draft head that reads the target vs a small draft model (demo family)',
+      f'Target {TARGET}; drafts {HEAD} (one layer over the target\'s features, no encoder) '
+      f'and {DRAFT} (a 2+2-layer T5). c = one-token draft call / target step: '
+      + ', '.join(f'{k} {v:.3f}' for k, v in c.items()) + '; the head\'s first call of a '
+      'step (gamma + 1 positions, one kept): ' + ', '.join(
+          f"{cost[f't_head_first_call_{g + 1}'] / cost['t_target_step']:.3f} (gamma {g})"
+          for g in args.timed_gammas) + ' target steps.')
+  md += ['## Acceptance (first %d test inputs per task)' % args.num_examples, '']
+  md += harness.table(
+      ['task', 't', 'draft', 'gamma', 'alpha', 'alpha_1', 'tokens / target call'],
+      [[r['task'], r['temperature'], r['draft'], r['gamma'], f"{r['alpha']:.3f}",
+        harness.fmt(r['alpha_1'], '.3f'), f"{r['tokens_per_target_call']:.2f}"] for r in rows],
+      'lrlrrrr')
+  md += ['', '## Walltime speedup by output length (EN->DE, greedy, batch 1)', '']
+  md += harness.table(
+      ['AR output tokens', 'draft', 'gamma', 'tokens / call', 'measured', 'ideal', 'efficiency'],
+      [[f"{g['output_tokens'][0]}-{g['output_tokens'][1]} (mean {g['mean_output_tokens']:.1f})",
+        name, r['gamma'], f"{r['tokens_per_target_call']:.2f}", f"{r['speedup_measured']:.2f}x",
+        f"{r['speedup_ideal']:.2f}x", f"{r['efficiency']:.2f}"]
+       for g in groups for name, rs in g['drafts'].items() for r in rs], 'llrrrrr')
+  md += ['', 'ideal = tokens per call x t_target / (gamma t_draft + t_verify(gamma + 1)) '
+         'from the call costs above (speed.sweep); efficiency = measured / ideal.']
+  report.write(md)
+  print('\n'.join(md))
+
+
+if __name__ == '__main__':
+  main()

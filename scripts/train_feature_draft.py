@@ -1,0 +1,88 @@
+r"""Trains a feature-reading draft head (EAGLE-style) for a frozen target, and exports it.
+
+  # the demo target's head (checkpoints/demo/demo_feature_head; ~75 min on 2 CPU cores):
+  python scripts/train_feature_draft.py --target checkpoints/demo/demo_target \
+      --data data/corpus/npz --workdir runs/demo_feature_head --steps 4000 \
+      --mixing_rates ende=3,summarize=1 --export checkpoints/demo/demo_feature_head \
+      --vocab data/vocab/demo_spm.model
+
+trains on the corpus's sentences teacher forced through the target, against the target's
+own distribution at every position (research/feature_train.py: soft cross-entropy over
+`--passes` self-fed passes, plus the feature regression), printing a tqdm bar. With
+--data pointing at scripts/distill_data.py's output the contexts are the target's own
+greedy outputs instead (as for the distilled drafts); the soft labels are the target's
+either way. It writes `<workdir>/checkpoint_<step>/` (Orbax: params,
+optimizer state, data cursors), `config.json` and `log.jsonl` (train loss, per-pass
+cross-entropy and argmax agreement with the target, validation records). Rerunning with
+the same --workdir resumes. `--export` writes the head as a model directory (bfloat16
+T5X checkpoint + config.json with "kind": "feature_draft" + vocabulary.json), which gin
+files name as DRAFT_CHECKPOINT with DRAFT_CONFIG = @feature_draft.FeatureDraftConfig().
+Prints the end record as one JSON line.
+"""
+
+import argparse
+import json
+
+from specdec_t5x.algorithm import feature_draft
+from specdec_t5x.integration import model_dir
+from specdec_t5x.research import feature_train
+from specdec_t5x.research.train_config import TrainConfig
+
+
+def main(argv=None) -> dict:
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument('--target', required=True, help='the target model dir (config.json + checkpoint)')
+  p.add_argument('--data', required=True, help='dir of {task}_{split}.npz (distilled)')
+  p.add_argument('--workdir', required=True)
+  p.add_argument('--steps', type=int, default=4000)
+  p.add_argument('--max_seconds', type=float, default=None, help='budget of this call')
+  p.add_argument('--batch_size', type=int, default=32)
+  p.add_argument('--learning_rate', type=float, default=2e-3)
+  p.add_argument('--warmup_steps', type=int, default=100)
+  p.add_argument('--weight_decay', type=float, default=0.01)
+  p.add_argument('--passes', type=int, default=3, help='self-fed passes (draft positions)')
+  p.add_argument('--feature_weight', type=float, default=1.0)
+  p.add_argument('--max_target_len', type=int, default=32,
+                 help='train on the first N decoder positions (0 = all)')
+  p.add_argument('--emb_dim', type=int, default=128)
+  p.add_argument('--num_heads', type=int, default=2)
+  p.add_argument('--mlp_dim', type=int, default=512)
+  p.add_argument('--num_layers', type=int, default=1)
+  p.add_argument('--mixing_rates', default='', help="e.g. 'ende=3,summarize=1'; default: sizes")
+  p.add_argument('--save_every', type=int, default=250)
+  p.add_argument('--eval_every', type=int, default=500)
+  p.add_argument('--log_every', type=int, default=50)
+  p.add_argument('--num_val_examples', type=int, default=256, help='per task')
+  p.add_argument('--seed', type=int, default=0)
+  p.add_argument('--export', default='', help='write the head as a model dir here')
+  p.add_argument('--vocab', default='', help='SentencePiece model, recorded with --export')
+  p.add_argument('--no_progress', action='store_true')
+  args = p.parse_args(argv)
+  target_cfg = model_dir.load_config(args.target)
+  head_cfg = feature_draft.FeatureDraftConfig(
+      vocab_size=target_cfg.vocab_size, target_emb_dim=target_cfg.emb_dim,
+      emb_dim=args.emb_dim, num_heads=args.num_heads, head_dim=64, mlp_dim=args.mlp_dim,
+      num_layers=args.num_layers)
+  rates = None
+  if args.mixing_rates:
+    rates = {k: float(v) for k, v in (kv.split('=') for kv in args.mixing_rates.split(','))}
+  cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size,
+                    learning_rate=args.learning_rate, warmup_steps=args.warmup_steps,
+                    weight_decay=args.weight_decay, mixing_rates=rates,
+                    max_seconds=args.max_seconds, save_every=args.save_every,
+                    eval_every=args.eval_every, log_every=args.log_every,
+                    num_val_examples=args.num_val_examples, seed=args.seed)
+  params, end = feature_train.train_head(args.target, args.data, args.workdir, head_cfg, cfg,
+                                         passes=args.passes,
+                                         feature_weight=args.feature_weight,
+                                         max_target_len=args.max_target_len or None,
+                                         progress=not args.no_progress)
+  if args.export and end['done']:
+    end['exported'] = feature_train.export(params, head_cfg, args.export, end['step'],
+                                           args.vocab or None)
+  print(json.dumps(end), flush=True)
+  return end
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,222 @@
+"""Training a feature-reading draft head (algorithm/feature_draft.py) for a frozen target.
+
+Data: token arrays as research/train_data reads them (the corpus, or the target's own
+greedy outputs from scripts/distill_data.py): they only give the contexts, the labels are
+the target's distributions (EAGLE trains on fixed data too). Each step runs the target teacher forced over a batch (its encoder output, its
+final features and logits: no gradient) and the head's `passes` self-fed passes over the
+same positions (pass j: the j-th draft call of a step). Loss per pass and position:
+soft cross-entropy against the target's distribution (EAGLE-3's objective; what alpha
+rewards at any temperature) + `feature_weight` x smooth-L1 between the head's predicted
+feature and the target's (EAGLE-1's regression, which the fed-back features need).
+Logged per pass: how often the head's argmax is the target's (greedy acceptance of the
+j-th draft given the earlier ones were right).
+
+Resumable and guarded like research/training.py: Orbax checkpoints of params, optimizer
+state and data cursors in `workdir` (train_state), a run resumed at step s sees the same
+batches as one never stopped; NaN losses stop the run before anything is saved after them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import time
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import tqdm
+
+from specdec_t5x.algorithm import feature_draft
+from specdec_t5x.algorithm.network import T5Config, Transformer
+from specdec_t5x.integration import model_dir, run_dir
+from specdec_t5x.research import train_state
+from specdec_t5x.research.train_config import TrainConfig
+from specdec_t5x.research.train_data import Mixture, load_split, validation_batches
+from specdec_t5x.research.train_optim import LearningRate, make_optimizer
+
+Params = Any
+BUCKET = 16  # batches are cut to their longest row, rounded up to this (fewer compiles)
+
+
+def trim(batch: dict, max_target_len: Optional[int] = None) -> dict:
+  """Drops the all-padding columns at the end of a batch (to a multiple of BUCKET), and
+  the decoder positions past `max_target_len` (their context stays teacher forced)."""
+  out = dict(batch)
+  for keys in (('encoder_input_tokens',), ('decoder_input_tokens', 'decoder_target_tokens')):
+    width = batch[keys[-1]].shape[1]
+    if max_target_len and keys[0] != 'encoder_input_tokens':
+      width = min(width, max_target_len)
+    used = int(np.max(np.nonzero(np.any(batch[keys[-1]] > 0, axis=0))[0], initial=0)) + 1
+    cut = min(width, -(-used // BUCKET) * BUCKET)
+    for k in keys:
+      out[k] = batch[k][:, :cut]
+  return out
+
+
+@functools.lru_cache(maxsize=4)
+def make_steps(target_cfg: T5Config, head_cfg: feature_draft.FeatureDraftConfig, passes: int,
+               feature_weight: float, weight_decay: float):
+  """Jitted (train_step, eval_step, optimizer) for the head."""
+  target, head = Transformer(target_cfg), feature_draft.FeatureDraft(head_cfg)
+  tx = make_optimizer(TrainConfig(optimizer='adamw', weight_decay=weight_decay))
+
+  def loss_fn(params, target_params, batch):
+    enc, dec_in = batch['encoder_input_tokens'], batch['decoder_input_tokens']
+    tgt = batch['decoder_target_tokens']
+    logits_t, feats, encoded = jax.lax.stop_gradient(target.apply(
+        {'params': target_params}, enc, dec_in, tgt, method='features'))
+    before = jnp.pad(feats[:, :-1], ((0, 0), (1, 0), (0, 0)))
+    outs = head.apply({'params': params}, encoded, enc, dec_in, before, tgt, passes=passes)
+    weights = (tgt > 0).astype(jnp.float32)
+    count = jnp.maximum(weights.sum(), 1.0)
+    p = jax.nn.softmax(logits_t)
+    best = jnp.argmax(logits_t, -1)
+    total, metrics = 0.0, {'count': weights.sum()}
+    for j, (logits, predicted) in enumerate(outs, 1):
+      ce = -jnp.sum(p * jax.nn.log_softmax(logits), -1)
+      reg = jnp.mean(optax.huber_loss(predicted, feats), -1)
+      total += jnp.sum((ce + feature_weight * reg) * weights) / count
+      metrics[f'ce_{j}'] = jnp.sum(ce * weights)
+      metrics[f'agree_{j}'] = jnp.sum((jnp.argmax(logits, -1) == best) * weights)
+    return total / passes, metrics
+
+  def train_step(params, opt_state, target_params, batch, lr):
+    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+        params, target_params, batch)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    updates = jax.tree_util.tree_map(lambda u: lr * u, updates)
+    return optax.apply_updates(params, updates), opt_state, dict(metrics, loss=loss)
+
+  def eval_step(params, target_params, batch):
+    return loss_fn(params, target_params, batch)[1]
+
+  return jax.jit(train_step, donate_argnums=(0, 1)), jax.jit(eval_step), tx
+
+
+def _rates(metrics: list, passes: int) -> dict:
+  """Summed per-batch metrics -> per-token cross-entropy and agreement per pass."""
+  total = jax.device_get(jax.tree_util.tree_map(lambda *x: sum(x), *metrics))
+  n = max(float(total['count']), 1.0)
+  out = {}
+  for j in range(1, passes + 1):
+    out[f'ce_{j}'] = round(float(total[f'ce_{j}']) / n, 4)
+    out[f'agree_{j}'] = round(float(total[f'agree_{j}']) / n, 4)
+  return out
+
+
+def train_head(target_dir: str, data_dir: str, workdir: str,
+               head_cfg: feature_draft.FeatureDraftConfig, cfg: TrainConfig, *,
+               passes: int = 3, feature_weight: float = 1.0, max_target_len: Optional[int] = None,
+               progress: bool = False) -> tuple[Params, dict]:
+  """Trains (or resumes) the head in `workdir` until `cfg.steps` (or `cfg.max_seconds`
+  per call); returns (params, the end record of log.jsonl). `max_target_len`: train on
+  the first decoder positions only (the vocabulary-sized work per position dominates a
+  step on CPU; validation sees every position)."""
+  if cfg.steps is None:
+    raise ValueError('train_head needs TrainConfig.steps (the cosine schedule spans them).')
+  if passes < 1:
+    raise ValueError(f'passes must be >= 1, got {passes}.')
+  t0 = time.time()
+  target_cfg, target_params = model_dir.load(target_dir)
+  if head_cfg.vocab_size != target_cfg.vocab_size or (
+      head_cfg.target_emb_dim != target_cfg.emb_dim):
+    raise ValueError(f'The head ({head_cfg}) does not fit the target {target_dir} '
+                     f'(vocab_size {target_cfg.vocab_size}, emb_dim {target_cfg.emb_dim}).')
+  train_step, eval_step, tx = make_steps(target_cfg, head_cfg, passes, feature_weight,
+                                         cfg.weight_decay)
+  mixture = Mixture(load_split(data_dir, 'train', target_cfg.vocab_size), cfg.batch_size,
+                    cfg.seed, cfg.mixing_rates)
+  val = validation_batches(load_split(data_dir, 'validation', target_cfg.vocab_size),
+                           cfg.batch_size, cfg.num_val_examples)
+  os.makedirs(workdir, exist_ok=True)
+  settings = {'head': dataclasses.asdict(head_cfg) | {'dtype': jnp.dtype(head_cfg.dtype).name},
+              'target': os.path.abspath(target_dir), 'passes': passes,
+              'feature_weight': feature_weight, 'max_target_len': max_target_len,
+              'train': dataclasses.asdict(cfg)}
+  config_path = os.path.join(workdir, 'config.json')
+  resuming = train_state.latest_step(workdir)
+  if resuming and os.path.isfile(config_path):
+    with open(config_path, encoding='utf-8') as f:
+      saved = json.load(f)
+    changed = [k for k in ('head', 'passes', 'feature_weight', 'max_target_len') if saved.get(k) != json.loads(
+        json.dumps(settings[k]))]
+    changed += [k for k in ('steps', 'batch_size', 'learning_rate', 'warmup_steps', 'seed')
+                if saved['train'].get(k) != settings['train'][k]]
+    if changed:
+      raise ValueError(f'{workdir} holds a run with other settings ({changed}); use another '
+                       'workdir.')
+  manager = train_state.checkpoint_manager(workdir, cfg.keep)
+  train_state.remove_partial_writes(workdir)
+  train_state.truncate_log(workdir, resuming or 0)
+  run_dir.write_atomic(config_path, json.dumps(settings, indent=1))
+  params = feature_draft.init_params(head_cfg, jax.random.PRNGKey(cfg.seed), target_params)
+  opt_state = tx.init(params)
+  step, cursors, elapsed = 0, np.zeros(len(mixture.names), np.int64), 0.0
+  if resuming:
+    params, opt_state, meta = train_state.restore(manager, resuming, params, opt_state)
+    step, cursors, elapsed = resuming, np.asarray(meta['cursors'], np.int64), meta['elapsed']
+  lr = LearningRate(cfg, cfg.steps)
+  log = open(os.path.join(workdir, 'log.jsonl'), 'a', encoding='utf-8')
+
+  def write(record):
+    record = {'step': step, 'elapsed': round(elapsed + time.time() - t0, 1), **record}
+    log.write(json.dumps(record) + '\n')
+    log.flush()
+    return record
+
+  def evaluate():
+    return _rates([eval_step(params, target_params, trim(b)) for _, b in val], passes)
+
+  def save():
+    if not bool(jnp.all(jnp.stack([jnp.all(jnp.isfinite(x))
+                                   for x in jax.tree_util.tree_leaves(params)]))):
+      raise FloatingPointError(f'Head training stopped at step {step}: the parameters are no '
+                               f'longer finite; the last good checkpoint is '
+                               f'{manager.latest_step()}. Lower the learning rate.')
+    train_state.save(manager, step, params, opt_state, cursors,
+                     elapsed + time.time() - t0, cfg.steps)
+
+  bar = tqdm.tqdm(total=cfg.steps, initial=step, disable=not progress, desc='feature head')
+  window = []
+  try:
+    while step < cfg.steps:
+      batch, cursors = mixture.batch(step, cursors)
+      params, opt_state, metrics = train_step(params, opt_state, target_params,
+                                              trim(batch, max_target_len), lr(step))
+      step += 1
+      window.append(metrics)
+      bar.update(1)
+      if step % cfg.log_every == 0:
+        loss = float(np.mean([float(m['loss']) for m in window]))
+        if not np.isfinite(loss):
+          raise FloatingPointError(f'Head training stopped: the loss is {loss} near step '
+                                   f'{step}; nothing after checkpoint {manager.latest_step()} '
+                                   'was saved. Lower the learning rate or check the data.')
+        write({'train_loss': round(loss, 4), 'lr': float(lr(step)), **_rates(window, passes)})
+        bar.set_postfix(loss=f'{loss:.3f}', refresh=False)
+        window = []
+      if step % cfg.eval_every == 0:
+        write({'val': evaluate()})
+      if step % cfg.save_every == 0:
+        save()
+      if cfg.max_seconds is not None and time.time() - t0 > cfg.max_seconds:
+        break
+    if manager.latest_step() != step:
+      save()
+    end = write({'event': 'end', 'val': evaluate(), 'done': step >= cfg.steps})
+  finally:
+    bar.close()
+    log.close()
+    manager.close()
+  return params, end
+
+
+def export(params: Params, head_cfg: feature_draft.FeatureDraftConfig, out_dir: str, step: int,
+           vocab_path: Optional[str] = None) -> str:
+  """The head as a model directory (bfloat16 T5X checkpoint + config.json with its kind)."""
+  return model_dir.save(params, out_dir, head_cfg, step, vocab_path)
