@@ -5,12 +5,13 @@ loop's time goes, with the packed CPU kernel and with XLA's dot (batch 1, demo f
       --num_examples 12 --gammas 2,3,4 --temperatures 0,1   # results/loop_efficiency.*
   python scripts/loop_efficiency.py --tiny --out /tmp/loop   # random tiny models, seconds
 
-Drafts: demo_draft_m and the target itself (one set of weights: no eviction between two
-models). Per row: tokens per target call, the measured speedup, the end-to-end ideal from
-the calls made and the call costs timed alone, efficiency = measured / ideal; per loop
-iteration the draft calls, draft-side sampling, the verify call and acceptance /
-bookkeeping (research/loop_probe.py's stamps) beside the calls timed alone; and the
-copies/transposes left in the compiled while body. Writes {--out}.json and {--out}.md.
+Drafts: demo_draft_m and the target itself (one set of weights). Per row: tokens per
+target call, the measured speedup, the end-to-end ideal from the calls made and the call
+costs timed alone, efficiency = measured / ideal; per loop iteration the ladder of
+research/loop_ladder.py (calls alone, chained, both models interleaved, the real loop: the
+losses to chaining, to two models and to the loop's own work); with --probe, host stamps
+around every call inside the loop (research/loop_probe.py); and the copies/transposes left
+in the compiled while body. Writes {--out}.json and {--out}.md.
 Run on an idle machine: it times.
 """
 
@@ -46,35 +47,52 @@ def _ms(x):
 def render(report: harness.Report) -> List[str]:
   lines = report.header(
       'Loop efficiency: measured vs ideal, and where each iteration goes',
-      'Batch 1, per generated token. ideal = speed.ideal_end_to_end from the target calls '
-      'each loop made and the call costs timed alone; efficiency = measured / ideal. '
-      'Per iteration (ms): the loop\'s phases from stamps around every model call '
-      '(research/loop_probe.py; a stamp pair costs `callback_overhead_s`), the same calls '
-      'timed alone in brackets. copies: copies/transposes in the compiled while body, and '
-      'how many of them are as large as a cache.')
+      'Batch 1. measured = AR time / speculative time per generated token (interleaved); '
+      'ideal e2e = speed.ideal_end_to_end from the target calls each loop made and the call '
+      'costs timed alone (prefill included); efficiency = measured / ideal. The ladder, in '
+      'ms per loop iteration (one target call): alone = gamma t_draft + t_verify, each call '
+      'timed in a loop of identical calls; chained = the same calls, each token the argmax '
+      'of the call before (as in any decode); interleaved = gamma chained draft calls and the '
+      'verify call in one loop; loop = the real loop (its decode time less prefill, per '
+      'target call). The excess of each rung over the one before: chaining, two models, and '
+      'the loop\'s own work (2-token draft re-feed, acceptance, sampling, statistics). '
+      'copies: copies/transposes in the compiled while body (cache-sized ones in brackets). '
+      'research/loop_ladder.py.')
   for matmul, res in report['matmuls'].items():
     lines += [f'## {matmul}', '']
+    ar = res['ladder_s']['ar']
     for group in res['groups']:
-      ar = group['ar_loop']
       lines += [f'### temperature {group["temperature"]:g}', '',
-                f'AR: step in loop {_ms(ar["verify"])} ms (alone {_ms(res["costs_s"]["t_target_step"])}), '
-                f'rest of the iteration {_ms(ar["accept"])} ms; while body copies '
+                f'AR per step: alone {_ms(ar["alone"])} ms, chained {_ms(ar["chained"])}, '
+                f'loop {_ms(group["ar_loop_s"])}; while body copies '
                 f'{group["ar_copies"]["copies_and_transposes"]} '
                 f'({len(group["ar_copies"]["whole_buffer"])} cache-sized).', '']
       rows = []
       for r in group['rows']:
-        loop, alone = r['loop_s'], r['alone_s']
+        lad = res['ladder_s'][f'{r["draft"]}_g{r["gamma"]}']
         rows.append([r['draft'], r['gamma'], f'{r["tokens_per_target_call"]:.2f}',
                      f'{r["speedup_measured"]:.2f}x', f'{r["speedup_ideal_end_to_end"]:.2f}x',
-                     f'{r["efficiency_end_to_end"]:.2f}',
-                     f'{_ms(loop["draft_calls"])} ({_ms(alone["draft_calls"])})',
-                     _ms(loop['draft_sampling']),
-                     f'{_ms(loop["verify"])} ({_ms(alone["verify"])})', _ms(loop['accept']),
+                     f'{r["efficiency_end_to_end"]:.2f}', _ms(lad['alone']), _ms(lad['chained']),
+                     _ms(lad['interleaved']), _ms(r['loop_s']),
+                     _ms(lad['chained'] - lad['alone']), _ms(lad['interleaved'] - lad['chained']),
+                     _ms(r['loop_s'] - lad['interleaved']),
                      f'{r["copies"]["copies_and_transposes"]} ({len(r["copies"]["whole_buffer"])})'])
       lines += harness.table(['draft', 'gamma', 'tokens/call', 'measured', 'ideal e2e',
-                              'efficiency', 'draft calls (alone)', 'draft sampling',
-                              'verify (alone)', 'accept + bookkeeping', 'copies (cache-sized)'],
-                             rows, 'llrrrrrrrrr') + ['']
+                              'efficiency', 'alone', 'chained', 'interleaved', 'loop',
+                              '+chaining', '+two models', '+loop work', 'copies'],
+                             rows, 'llrrrrrrrrrrrr') + ['']
+      probed = [r for r in group['rows'] if 'probe_s' in r]
+      if probed:
+        lines += ['Host stamps inside the loop (ms per iteration; the stamps slow what they '
+                  f'bracket, a pair costs {_ms(report["callback_overhead_s"])} ms):', '']
+        lines += harness.table(
+            ['draft', 'gamma', 'draft calls (alone)', 'draft sampling', 'verify (alone)',
+             'accept + bookkeeping'],
+            [[r['draft'], r['gamma'],
+              f'{_ms(r["probe_s"]["draft_calls"])} ({_ms(r["alone_s"]["draft_calls"])})',
+              _ms(r['probe_s']['draft_sampling']),
+              f'{_ms(r["probe_s"]["verify"])} ({_ms(r["alone_s"]["verify"])})',
+              _ms(r['probe_s']['accept'])] for r in probed], 'llrrrr') + ['']
   return lines
 
 
@@ -86,6 +104,8 @@ def main(argv=None) -> None:
   ap.add_argument('--max_len', type=int, default=64)
   ap.add_argument('--matmuls', default='packed,xla', help='packed (the CPU kernel), xla')
   ap.add_argument('--tiny', action='store_true', help='random tiny models (the test)')
+  ap.add_argument('--probe', action='store_true',
+                  help='also stamp the host clock around every call inside the loop')
   args = ap.parse_args(argv)
   if args.tiny:
     target, drafts, enc = _tiny()
@@ -95,7 +115,8 @@ def main(argv=None) -> None:
     enc = batching.pad_batch([e.inputs for e in evaluation.load_examples('ende',
                                                                          args.num_examples)])
   report = harness.Report(__file__, args, argv)
-  report['callback_overhead_s'] = loop_probe.callback_overhead()
+  if args.probe:
+    report['callback_overhead_s'] = loop_probe.callback_overhead()
   report['matmuls'] = {}
   previous = os.environ.get('SPECDEC_CPU_KERNELS')
   try:
@@ -103,7 +124,7 @@ def main(argv=None) -> None:
       os.environ['SPECDEC_CPU_KERNELS'] = '1' if matmul == 'packed' else '0'
       report['matmuls'][matmul] = loop_efficiency.measure(
           target, drafts, enc, args.max_len, args.gammas, args.temperatures, args.repeats,
-          cost_repeats=args.repeats)
+          cost_repeats=args.repeats, probe=args.probe)
   finally:
     if previous is None:
       os.environ.pop('SPECDEC_CPU_KERNELS', None)

@@ -38,18 +38,26 @@ def test_phases_split_each_iteration_between_the_calls():
 def test_tiny_run_writes_the_table_and_keeps_the_tokens(tmp_path):
   out = tmp_path / 'loop'
   _script().main(['--tiny', '--out', str(out), '--gammas', '2', '--temperatures', '0,1',
-                  '--repeats', '1', '--matmuls', 'packed'])
+                  '--repeats', '1', '--matmuls', 'packed', '--probe'])
   data = json.loads(out.with_suffix('.json').read_text())
   assert data['callback_overhead_s'] > 0
+  ladder = data['matmuls']['packed']['ladder_s']
+  assert set(ladder) == {'ar', 'small_g2', 'self_g2'}
+  assert set(ladder['ar']) == {'alone', 'chained'} and min(ladder['ar'].values()) > 0
+  for name in ('small_g2', 'self_g2'):
+    assert set(ladder[name]) == {'alone', 'chained', 'interleaved'}
+    assert min(ladder[name].values()) > 0
   groups = data['matmuls']['packed']['groups']
   assert [g['temperature'] for g in groups] == [0.0, 1.0]
   for group in groups:
-    assert group['ar_loop']['probed_tokens_equal'] == 2  # stamps change no token
+    assert group['ar_probe']['probed_tokens_equal'] == 2  # stamps change no token
+    assert group['ar_loop_s'] > 0
     assert group['ar_copies']['whole_buffer'] == []
     assert {r['draft'] for r in group['rows']} == {'small', 'self'}
     for row in group['rows']:
-      loop = row['loop_s']
+      loop = row['probe_s']
       assert loop['probed_tokens_equal'] == 2
+      assert row['loop_s'] > 0
       assert row['copies']['whole_buffer'] == []
       assert row['speedup_measured'] > 0 and row['efficiency_end_to_end'] > 0
       assert all(loop[p] >= 0 for p in loop_probe.PHASES) and loop['verify'] > 0

@@ -20,3 +20,50 @@ def test_sample_with_one_hot_is_argmax():
   probs = np.eye(7, dtype=np.float32)[[6, 0, 3]]
   keys = jax.random.split(jax.random.PRNGKey(1), 3)
   np.testing.assert_array_equal(sampling.sample(keys, probs), [6, 0, 3])
+
+
+def test_sample_over_blocks_matches_probabilities_with_zero_blocks_and_a_ragged_tail():
+  # 300 entries = two full blocks and a ragged one; mass at block edges, a whole block
+  # without mass, and zero entries beside the drawn ones.
+  v = 2 * sampling.SAMPLE_BLOCK + 44
+  probs = np.zeros(v, np.float32)
+  support = {0: 0.1, sampling.SAMPLE_BLOCK - 1: 0.2, 2 * sampling.SAMPLE_BLOCK: 0.05,
+             2 * sampling.SAMPLE_BLOCK + 1: 0.25, v - 1: 0.4}
+  for i, p in support.items():
+    probs[i] = p
+  n = 200000
+  keys = jax.random.split(jax.random.PRNGKey(2), n)
+  draws = np.asarray(sampling.sample(keys, np.broadcast_to(probs, (n, v))))
+  freq = np.bincount(draws, minlength=v) / n
+  assert set(np.flatnonzero(freq)) <= set(support)
+  np.testing.assert_allclose(freq, probs, atol=4 / np.sqrt(n))
+
+
+def test_sample_never_draws_zero_mass_when_the_block_sums_round():
+  # Many tiny masses: the running block sums and the in-block sums round differently,
+  # which must not let a draw land on a zero-probability entry.
+  rng = np.random.RandomState(0)
+  v = 8192
+  probs = np.where(rng.rand(8, v) < 0.5, rng.rand(8, v) ** 8, 0.0).astype(np.float32)
+  probs[:, -300:] = 0.0
+  keys = jax.random.split(jax.random.PRNGKey(3), 4096)
+  rows = np.arange(4096) % 8
+  draws = np.asarray(sampling.sample(keys, probs[rows]))
+  assert np.all(probs[rows, draws] > 0)
+
+
+def test_argmax_is_jnp_argmax_on_ties_infinities_and_nans():
+  rng = np.random.RandomState(0)
+  x = np.round(rng.randn(64, 3, 300), 1).astype(np.float32)  # many ties
+  x[1, 0, :] = -np.inf
+  x[2, 1, 7] = np.inf
+  x[2, 1, 9] = np.inf
+  x[3, 2, 11] = np.nan
+  x[4, 0, [5, 200]] = np.nan
+  x[5, 1, :] = np.nan
+  x[6, 2, :] = 0.0
+  x[6, 2, 3] = -0.0
+  for dtype in (np.float32, jax.numpy.bfloat16):
+    got = jax.jit(sampling.argmax)(x.astype(dtype))
+    np.testing.assert_array_equal(got, np.asarray(jax.numpy.argmax(x.astype(dtype), -1)))
+    assert got.dtype == np.int32

@@ -258,7 +258,7 @@ def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, dr
     if feature_dim is not None:  # the next step's first draft call reads them
       s = s.replace(features=out[2], feature_start=s.length)
     if cfg.greedy:  # one-hot p and q: the same rule, without materialising them
-      best = jnp.argmax(logits, axis=-1).astype(jnp.int32)  # [b, gamma + 1]
+      best = sampling.argmax(logits)  # [b, gamma + 1]
       n_acc = sampling.accept_greedy(xs, best, num_drafted)
       token = jnp.take_along_axis(best, n_acc[:, None], axis=1)[:, 0]
     else:

@@ -25,7 +25,7 @@ def nonfinite(logits) -> jax.Array:
 def propose(logits, keys, i, cfg: sampling.SamplingConfig):
   """logits [b, V] -> (token [b], distribution [b, V], or None when greedy)."""
   if cfg.greedy:
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
+    return sampling.argmax(logits), None
   probs = sampling.standardize(logits, cfg)
   key = jax.lax.dynamic_index_in_dim(keys, i, axis=1, keepdims=False)
   return sampling.sample(key, probs), probs

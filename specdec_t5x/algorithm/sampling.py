@@ -50,7 +50,7 @@ def standardize(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
   """
   logits = logits.astype(jnp.float32)
   if cfg.greedy:
-    return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+    return jax.nn.one_hot(argmax(logits), logits.shape[-1], dtype=jnp.float32)
   top = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))  # [..., 1]
   shifted = logits - top  # [..., V] <= 0; 0 at the maxima (and stays 0 for any T).
   logits = jnp.where(shifted < 0, shifted / cfg.temperature, 0.0)
@@ -68,17 +68,58 @@ def standardize(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
   return jax.nn.softmax(logits, axis=-1)
 
 
+def argmax(logits: jax.Array) -> jax.Array:
+  """[..., V] -> [...] int32: jnp.argmax over the last axis, the same index in every case
+  (the first maximum; the first NaN when there is one, as NaN counts as the largest).
+
+  jnp.argmax lowers to a variadic (value, index) reduction that XLA's CPU backend runs as
+  a scalar loop (~24 us for V = 8192); a max, then the largest reversed position that
+  holds it, are two plain float reductions (~4 us). The positions are floats, exact for
+  V < 2^24.
+  """
+  v = logits.shape[-1]
+  if v >= 1 << 24:
+    raise ValueError(f'argmax: the vocabulary ({v}) must be below 2^24.')
+  top = jnp.max(logits, axis=-1, keepdims=True)
+  reversed_position = jnp.arange(v, 0, -1, dtype=jnp.float32)  # v at index 0 .. 1 at v - 1
+  hit = (logits == top) | jnp.isnan(logits)
+  return (v - jnp.max(jnp.where(hit, reversed_position, 0.0), axis=-1)).astype(jnp.int32)
+
+
+SAMPLE_BLOCK = 128  # vocabulary entries per block of sample's two-level CDF
+
+
 def sample(keys: jax.Array, probs: jax.Array) -> jax.Array:
   """One token per row by inverse CDF. keys [b, 2] (one per row), probs [b, V] -> [b] int32.
 
   Draws ONE uniform u in (0, 1] per row and returns the first index whose cumulative mass
-  reaches u * total: P(i) = probs[i] / total exactly, and a zero-probability token can
-  never be returned. On CPU this is ~50x cheaper than Gumbel-max, which draws V numbers.
+  reaches u * total: P(i) = probs[i] / total (up to float rounding of the cumulative
+  sums), and a zero-probability token is never returned. On CPU this is ~50x cheaper than
+  Gumbel-max, which draws V numbers.
+
+  The CDF is two-level (a cumulative sum is a serial scan on CPU, ~21 us over 8192
+  entries): block sums of SAMPLE_BLOCK entries and their running total pick the block
+  where the mass u * total is reached, and one cumulative sum inside that block picks the
+  token (~2 us in all).
   """
   u = 1.0 - jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)  # [b] in (0, 1]
-  cdf = jnp.cumsum(probs.astype(jnp.float32), axis=-1)  # [b, V]
-  idx = jnp.sum(cdf < (u * cdf[:, -1])[:, None], axis=-1)
-  return jnp.minimum(idx, probs.shape[-1] - 1).astype(jnp.int32)
+  probs = probs.astype(jnp.float32)
+  b, v = probs.shape
+  size = SAMPLE_BLOCK
+  nb = -(-v // size)
+  blocks = jnp.pad(probs, ((0, 0), (0, nb * size - v))).reshape(b, nb, size)
+  block_cdf = jnp.cumsum(jnp.sum(blocks, axis=-1), axis=-1)  # [b, nb]
+  mass = u * block_cdf[:, -1]  # [b] in (0, total]
+  j = jnp.minimum(jnp.sum(block_cdf < mass[:, None], axis=-1), nb - 1)  # the first block >= mass
+  before = jnp.take_along_axis(block_cdf, jnp.maximum(j - 1, 0)[:, None], axis=1)[:, 0]
+  before = jnp.where(j > 0, before, 0.0)  # < mass: so the mass left in block j is > 0
+  inner = jnp.take_along_axis(blocks, j[:, None, None], axis=1)[:, 0]  # [b, size]
+  i = jnp.sum(jnp.cumsum(inner, axis=-1) < (mass - before)[:, None], axis=-1)
+  # Rounding can leave the block's own sum a hair short of the mass left: then its last
+  # positive entry (block j holds mass, so one exists).
+  last = jnp.max(jnp.where(inner > 0, jnp.arange(size), 0), axis=-1)
+  idx = j * size + jnp.minimum(i, last)
+  return jnp.minimum(idx, v - 1).astype(jnp.int32)
 
 
 def residual(p: jax.Array, q: jax.Array, lenience: float = 1.0) -> jax.Array:

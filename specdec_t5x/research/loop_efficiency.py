@@ -6,15 +6,20 @@ For each draft, temperature and gamma, at batch 1 over the same inputs:
 - ideal end to end: speed.ideal_end_to_end from the calls each loop made and the call
   costs measured alone (speed.costs, plus the draft's 2-token re-feed call);
 - efficiency = measured / ideal;
-- inside the loop (loop_probe): per iteration, the draft calls, the draft-side sampling,
-  the verify call and the acceptance / bookkeeping, beside the same calls timed alone;
+- the ladder (loop_ladder): per iteration, the calls timed alone, chained (each call's
+  token from the last call's argmax), one synthetic iteration of both models' calls, and
+  the real loop: the losses to chaining, to interleaving two models and to the loop's own
+  work;
+- with `probe`, inside the loop (loop_probe): per iteration, the draft calls, the
+  draft-side sampling, the verify call and the acceptance / bookkeeping from host stamps
+  (which slow what they bracket);
 - the compiled while body's copies and transposes (hlo_loops) of the program run.
 """
 
 from __future__ import annotations
 
 import statistics
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +27,7 @@ import numpy as np
 
 from specdec_t5x.algorithm import api, batching, timing
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.research import hlo_loops, loop_probe, speed
+from specdec_t5x.research import hlo_loops, loop_ladder, loop_probe, speed
 
 ModelAndParams = Any
 
@@ -49,7 +54,8 @@ def _probe(target, draft, rows: Sequence[np.ndarray], max_len: int, config: Deco
 
 def measure(target: ModelAndParams, drafts: Dict[str, ModelAndParams], enc: np.ndarray,
             max_len: int, gammas: Sequence[int], temperatures: Sequence[float],
-            repeats: int = 3, cost_calls: int = 32, cost_repeats: int = 5) -> Dict[str, Any]:
+            repeats: int = 3, cost_calls: int = 32, cost_repeats: int = 5,
+            probe: bool = False) -> Dict[str, Any]:
   """The rows of results/loop_efficiency for the current matmul (packed kernel or not).
 
   enc [N, L]: the inputs, decoded one at a time at their length buckets.
@@ -62,6 +68,15 @@ def measure(target: ModelAndParams, drafts: Dict[str, ModelAndParams], enc: np.n
                                  for name, draft in drafts.items()},
                                 first, cost_calls, cost_repeats, cache_len))
   out: Dict[str, Any] = {'costs_s': cost, 'groups': []}
+  prefill = {'target': sum(timing.prefill_cost(*target, r, cache_len, cost_repeats) for r in rows_in)}
+  prefill.update({name: sum(timing.prefill_cost(*d, r, cache_len, cost_repeats) for r in rows_in)
+                  for name, d in drafts.items()})
+  out['prefill_s'] = prefill
+  out['ladder_s'] = {'ar': loop_ladder.rungs(target, None, first, 1, repeats=cost_repeats,
+                                             cache_len=cache_len)}
+  out['ladder_s'].update({f'{name}_g{g}': loop_ladder.rungs(
+      target, draft, first, g, repeats=cost_repeats, cache_len=cache_len)
+                          for name, draft in drafts.items() for g in gammas})
   for temp in temperatures:
     base = DecodeConfig(temperature=temp, gamma=1)
     ar = speed.Decoder(target, None, enc, max_len, base)
@@ -70,10 +85,12 @@ def measure(target: ModelAndParams, drafts: Dict[str, ModelAndParams], enc: np.n
     fns = {'ar': ar, **{f'{name}_g{g}': dec for (name, g), dec in decs.items()}}
     med = {k: statistics.median(v) for k, v in timing.median_times(fns, repeats).items()}
     ar_tokens = float(ar.stats['generated_tokens'].sum())
-    ar_probe = _probe(target, None, rows_in, max_len, base, repeats, ar.tokens)
+    ar_calls = float(ar.stats['target_calls'].sum())
     group = {'temperature': temp, 'ar_seconds': med['ar'], 'ar_tokens': ar_tokens,
-             'ar_loop': ar_probe, 'ar_copies': _copies(target, None, rows_in[0], max_len, base),
-             'rows': []}
+             'ar_loop_s': loop_ladder.loop_seconds(med['ar'], prefill['target'], ar_calls),
+             'ar_copies': _copies(target, None, rows_in[0], max_len, base), 'rows': []}
+    if probe:
+      group['ar_probe'] = _probe(target, None, rows_in, max_len, base, repeats, ar.tokens)
     for (name, g), dec in decs.items():
       s = dec.stats
       spec_tokens = float(s['generated_tokens'].sum())
@@ -81,14 +98,19 @@ def measure(target: ModelAndParams, drafts: Dict[str, ModelAndParams], enc: np.n
       measured = (med['ar'] / ar_tokens) / (med[f'{name}_g{g}'] / spec_tokens)
       ideal = speed.ideal_end_to_end(len(enc), float(ar.stats['target_calls'].sum()), calls, g,
                                      cost, name) * (spec_tokens / ar_tokens)
-      loop = _probe(target, drafts[name], rows_in, max_len, base.replace(gamma=g), repeats,
-                    dec.tokens)
-      alone = {'draft_calls': cost[f't_draft_refeed_{name}'] + (g - 1) * cost[f't_draft_step_{name}'],
-               'verify': cost[f't_verify_{g + 1}']}
-      group['rows'].append({
+      row = {
           'draft': name, 'gamma': g, 'tokens_per_target_call': spec_tokens / calls,
           'speedup_measured': measured, 'speedup_ideal_end_to_end': ideal,
-          'efficiency_end_to_end': measured / ideal, 'loop_s': loop, 'alone_s': alone,
-          'copies': _copies(target, drafts[name], rows_in[0], max_len, base.replace(gamma=g))})
+          'efficiency_end_to_end': measured / ideal,
+          'loop_s': loop_ladder.loop_seconds(med[f'{name}_g{g}'], prefill['target'] + prefill[name],
+                                             calls),
+          'copies': _copies(target, drafts[name], rows_in[0], max_len, base.replace(gamma=g))}
+      if probe:
+        row['probe_s'] = _probe(target, drafts[name], rows_in, max_len, base.replace(gamma=g),
+                                repeats, dec.tokens)
+        row['alone_s'] = {'draft_calls': cost[f't_draft_refeed_{name}']
+                                         + (g - 1) * cost[f't_draft_step_{name}'],
+                          'verify': cost[f't_verify_{g + 1}']}
+      group['rows'].append(row)
     out['groups'].append(group)
   return out

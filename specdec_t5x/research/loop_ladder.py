@@ -1,0 +1,119 @@
+"""Where a decode loop's time goes, from the paper's ideal to the real loop, as a ladder of
+timed programs over the same calls (batch 1; research/loop_efficiency.py's rows).
+
+Per loop iteration (one target call), in seconds:
+
+  alone        gamma t_draft + t_verify, each call timed alone (timing.call_costs: a loop of
+               identical calls whose tokens are fixed, so consecutive calls do not depend on
+               each other's logits and XLA may overlap one call's tail with the next);
+  chained      the same sum with every call's token taken from the argmax of the call before
+               it, as in any decode (a call cannot start before the last one has finished);
+  interleaved  one synthetic iteration: gamma chained draft calls, then the chained verify
+               call over gamma + 1 tokens, in one loop (two models' weights and caches take
+               turns, as in speculative decoding);
+  loop         the real loop: its decode time less the per-sequence prefill, per target call.
+
+Each step's excess over the one before is a loss of its own: chaining, interleaving two
+models, and the loop's own work (the draft's 2-token re-feed, acceptance, sampling,
+statistics, the sequence buffer). Autoregressive decoding has alone, chained and loop.
+Timed like timing.call_costs: (time of n iterations - time of 0) / n, one compiled program
+per rung, repeats interleaved across all rungs.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Dict, Optional
+
+import jax
+import jax.numpy as jnp
+
+from specdec_t5x.algorithm import api, sampling, timing
+
+ModelAndParams = Any
+_PROGRAMS: Dict[tuple, Any] = {}
+
+
+def _program(target_module, draft_module, gamma: int, verify_tokens: int, chained: bool,
+             cache_len: int):
+  """A jitted fn(target_vars, draft_vars, enc, n) running n synthetic iterations of
+  `gamma` draft calls (none when draft_module is None) then one target call over
+  `verify_tokens` tokens (none when 0); returns a float that depends on every call."""
+  key = (api._module_key(target_module),  # pylint: disable=protected-access
+         draft_module and api._module_key(draft_module),  # pylint: disable=protected-access
+         gamma, verify_tokens, chained, cache_len)
+  if key in _PROGRAMS:
+    return _PROGRAMS[key]
+  stride = max(gamma, 1)
+
+  def prefill(module, variables, enc):
+    encoded = module.apply(variables, enc, method='encode')
+    return module.apply(variables, encoded, enc, cache_len, method='init_cache')
+
+  def run(target_vars, draft_vars, enc, n):
+    t_cache = prefill(target_module, target_vars, enc)
+    d_cache = None if draft_module is None else prefill(draft_module, draft_vars, enc)
+
+    def body(i, carry):
+      t_cache, d_cache, token, acc = carry
+      for j in range(gamma if draft_module is not None else 0):
+        logits, d_cache = draft_module.apply(
+            draft_vars, d_cache, token, jnp.full((1,), i * stride + j, jnp.int32),
+            method='extend')
+        acc = acc + logits[0, -1, 0]
+        if chained:
+          token = sampling.argmax(logits[:, -1])[:, None]
+      if verify_tokens:
+        logits, t_cache = target_module.apply(
+            target_vars, t_cache, jnp.tile(token, (1, verify_tokens)),
+            jnp.full((1,), i * stride, jnp.int32), method='extend')
+        acc = acc + logits[0, -1, 0]
+        if chained:
+          token = sampling.argmax(logits[:, -1])[:, None]
+      return t_cache, d_cache, token, acc
+
+    init = (t_cache, d_cache, jnp.full((1, 1), 3, jnp.int32), jnp.float32(0.0))
+    return jax.lax.fori_loop(0, n, body, init)[3]
+
+  _PROGRAMS[key] = jax.jit(run)
+  return _PROGRAMS[key]
+
+
+def rungs(target: ModelAndParams, draft: Optional[ModelAndParams], enc, gamma: int,
+          num_calls: int = 16, repeats: int = 5, cache_len: int = 0) -> Dict[str, float]:
+  """Seconds per iteration of the synthetic rungs for one (draft, gamma), enc [1, L]:
+  {'alone', 'chained', 'interleaved'} (speculative), or {'alone', 'chained'} with draft
+  None (autoregressive: one target call per iteration). `cache_len` as the decode's
+  (max_len + gamma + 1); grown to hold num_calls iterations when smaller."""
+  enc = jnp.asarray(enc, jnp.int32)
+  verify = gamma + 1 if draft is not None else 1
+  cache_len = max(cache_len, num_calls * max(gamma, 1) + verify + 2)
+  t_vars = api.decode_variables(*target)
+  d_vars = None if draft is None else api.decode_variables(*draft)
+  progs = {}
+  for chained in (False, True):
+    name = 'chained' if chained else 'alone'
+    progs[f'{name}_verify'] = (_program(target[0], None, 0, verify, chained, cache_len), None)
+    if draft is not None:
+      progs[f'{name}_draft'] = (_program(target[0], draft[0], 1, 0, chained, cache_len), d_vars)
+  if draft is not None:
+    progs['interleaved'] = (_program(target[0], draft[0], gamma, verify, True, cache_len), d_vars)
+  for fn, dv in progs.values():  # compile both trip counts' program (one: n is traced)
+    timing.block(fn(t_vars, dv, enc, num_calls)), timing.block(fn(t_vars, dv, enc, 0))
+  diffs = {name: [] for name in progs}
+  for _ in range(repeats):
+    for name, (fn, dv) in progs.items():
+      diffs[name].append(timing.wall(lambda: fn(t_vars, dv, enc, num_calls))  # pylint: disable=cell-var-from-loop
+                         - timing.wall(lambda: fn(t_vars, dv, enc, 0)))  # pylint: disable=cell-var-from-loop
+  per = {name: max(statistics.median(d), 0.0) / num_calls for name, d in diffs.items()}
+  out = {}
+  for name in ('alone', 'chained'):
+    out[name] = per[f'{name}_verify'] + (gamma * per[f'{name}_draft'] if draft is not None else 0)
+  if draft is not None:
+    out['interleaved'] = per['interleaved']
+  return out
+
+
+def loop_seconds(decode_seconds: float, prefill_seconds: float, target_calls: float) -> float:
+  """The real loop's seconds per iteration: a decode's time less its prefill, per call."""
+  return (decode_seconds - prefill_seconds) / max(target_calls, 1.0)
