@@ -21,6 +21,7 @@ import os
 import sys
 from typing import List
 
+import jax
 import numpy as np
 from tqdm import tqdm
 
@@ -122,6 +123,7 @@ def main(argv=None) -> None:
   try:
     for matmul in tqdm(args.matmuls.split(','), desc='loop efficiency', unit='matmul'):
       os.environ['SPECDEC_CPU_KERNELS'] = '1' if matmul == 'packed' else '0'
+      jax.clear_caches()  # ~80 programs per matmul: freeing them keeps the JIT's mappings in bounds
       report['matmuls'][matmul] = loop_efficiency.measure(
           target, drafts, enc, args.max_len, args.gammas, args.temperatures, args.repeats,
           cost_repeats=args.repeats, probe=args.probe)

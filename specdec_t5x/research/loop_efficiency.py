@@ -78,6 +78,7 @@ def measure(target: ModelAndParams, drafts: Dict[str, ModelAndParams], enc: np.n
       target, draft, first, g, repeats=cost_repeats, cache_len=cache_len)
                           for name, draft in drafts.items() for g in gammas})
   for temp in temperatures:
+    jax.clear_caches()  # the last group's programs: the JIT's memory mappings are bounded
     base = DecodeConfig(temperature=temp, gamma=1)
     ar = speed.Decoder(target, None, enc, max_len, base)
     decs = {(name, g): speed.Decoder(target, draft, enc, max_len, base.replace(gamma=g))

@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import statistics
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -58,6 +59,10 @@ STEPS = (
     Step('speedup_ende_t1_inverse_cdf', 'speedup_table.py', (
         '--num_examples', '10', '--gammas', '2,3', '--repeats', '3', '--drafts',
         'demo_draft_m', '--tasks', 'ende', '--temperatures', '1')),
+    Step('loop_efficiency', 'loop_efficiency.py', ('--num_examples', '12', '--gammas', '2,3,4',
+                                                   '--temperatures', '0,1', '--repeats', '5'),
+         quick=('--num_examples', '2', '--gammas', '3', '--temperatures', '0', '--repeats', '1',
+                '--matmuls', 'packed')),
     Step('peers', 'bench_peers.py', ('--num_examples', '8', '--repeats', '2')),
     Step('block_verification', 'block_vs_token.py', ('--num_examples', '12')),
     Step('adaptive_gamma', 'adaptive_gamma.py', ('--rows=6', '--max_len=40')),
@@ -210,6 +215,16 @@ def _best_of(key):
   return headline
 
 
+def _loop_efficiency(d):
+  parts = []
+  for matmul, res in d['matmuls'].items():
+    eff = [r['efficiency_end_to_end'] for g in res['groups'] for r in g['rows']
+           if r['draft'] != 'self']
+    parts.append(f"{matmul}: efficiency {min(eff):.2f}-{max(eff):.2f} "
+                 f"(median {statistics.median(eff):.2f})")
+  return 'demo_draft_m, gamma 2-4, t 0 and 1: ' + '; '.join(parts)
+
+
 def _batch(d):
   return ', '.join(f"batch {r['batch']} gamma {r['gamma']}: {_x(r['speedup_vs_ar'])}"
                    for r in d['rows'] if r['gamma'] is not None)
@@ -222,6 +237,7 @@ HEADLINES: Dict[str, Callable[[Dict[str, Any]], str]] = {
     'peers': _peers, 'block_verification': _block,
     'adaptive_gamma': _best_of('speedup_vs_ar'), 'copy_draft': _best_of('speedup'),
     'batch_throughput': _batch, 'lenience': _best_of('speedup_vs_ar'),
+    'loop_efficiency': _loop_efficiency,
 }
 
 
