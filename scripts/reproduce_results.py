@@ -47,7 +47,7 @@ def main(argv=None):
     records = reproduce.run(steps, quick=args.quick, allow_busy=args.allow_busy,
                             root=args.root)
     total = sum(r['seconds'] for r in records)
-    run_dir.write_atomic(os.path.join(args.root, 'reproduce_log.json'), json.dumps(
+    run_dir.write_atomic(os.path.join(args.root, f'{reproduce.LOG}.json'), json.dumps(
         {'steps': records, 'total_seconds': round(total, 1)}, indent=1) + '\n')
     print(f'{len(records)} steps in {total / 60:.1f} min')
   run_dir.write_atomic(os.path.join(args.root, 'INDEX.md'),

@@ -65,3 +65,12 @@ def test_a_running_python_process_makes_the_machine_busy():
   finally:
     child.kill()
     child.wait()
+
+
+def test_the_index_leaves_out_the_run_log(tmp_path):
+  (tmp_path / f'{reproduce.LOG}.json').write_text('{"steps": [], "total_seconds": 0}')
+  (tmp_path / 'bf16_cost.json').write_text(
+      '{"command": "python scripts/bf16_agreement.py --gammas 3 --time", '
+      '"environment": {"date": "2026-12-01"}}')
+  rows = [l for l in reproduce.index(str(tmp_path)) if l.startswith('| `')]
+  assert len(rows) == 1 and rows[0].startswith('| `bf16_cost.md`')

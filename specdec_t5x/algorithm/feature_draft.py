@@ -33,8 +33,8 @@ import jax.numpy as jnp
 
 from specdec_t5x.algorithm import rows
 from specdec_t5x.algorithm.layers import (Attention, Dense, Embed, MlpBlock,
-                                          RelativePositionBias, RMSNorm, kernel_init,
-                                          mask_to_bias)
+                                          RelativePositionBias, RMSNorm, decode_biases,
+                                          empty_decode_cache, kernel_init, mask_to_bias)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,28 +159,16 @@ class FeatureDraft(nn.Module):
     """Cache for positions 0..max_length-1 (slot 0: position -1), from the target's
     encoder output `encoded` [b, enc, E]."""
     cfg = self.config
-    b, slots = encoded.shape[0], max_length + 1
-    layers = []
-    for layer in self.layers:
-      ck, cv = layer.cross_kv(encoded)
-      layers.append({'k': jnp.zeros((b, cfg.num_heads, cfg.head_dim, slots), cfg.dtype),
-                     'v': jnp.zeros((b, cfg.num_heads, slots, cfg.head_dim), cfg.dtype),
-                     'cross_k': ck, 'cross_v': cv})
-    return {'layers': layers, 'encoder_mask': encoder_tokens > 0}
+    return empty_decode_cache(self.layers, encoded, encoder_tokens, max_length,
+                              cfg.num_heads, cfg.head_dim, cfg.dtype)
 
   def extend(self, cache, tokens, positions, features, pick: Optional[jax.Array] = None):
     """tokens [b, k] at positions [b].., the target's (or the head's predicted) features
     at the positions before them [b, k, E] -> (logits, cache, predicted features): at every
     position ([b, k, V], [b, k, E]) or, with `pick` [b], at row r's position pick[r] only
     ([b, 1, V], [b, 1, E])."""
-    k = tokens.shape[1]
-    num_slots = cache['layers'][0]['v'].shape[2]
-    q_pos = positions[:, None] + jnp.arange(k)[None, :]  # [b, k]
-    key_pos = jnp.arange(num_slots)[None, :] - 1  # [1, slots]
-    mask = (key_pos[:, None, :] >= 0) & (key_pos[:, None, :] <= q_pos[:, :, None])
-    dtype = self.config.dtype
-    self_bias = self.relpos_bias(q_pos, key_pos) + mask_to_bias(mask[:, None], dtype)
-    cross_bias = mask_to_bias(cache['encoder_mask'][:, None, None, :], dtype)
+    self_bias, cross_bias = decode_biases(self.relpos_bias, cache, positions, tokens.shape[1],
+                                          self.config.dtype)
     x = self._inputs(tokens, features)
     new_layers = []
     for layer, layer_cache in zip(self.layers, cache['layers']):

@@ -207,6 +207,34 @@ def mask_to_bias(mask, dtype):
   return jnp.where(mask, 0.0, NEG_INF).astype(dtype)
 
 
+def empty_decode_cache(layers, encoded, encoder_tokens, max_length: int, num_heads: int,
+                       head_dim: int, dtype):
+  """The decode cache of a decoder whose `layers` each have `cross_kv(encoded)`: per layer
+  self-attention keys [b, h, d, slots] (stored transposed) and values [b, h, slots, d],
+  zero, and the cross-attention keys/values; plus the encoder mask. Slot 0 holds position
+  -1 (always masked); slots 1.. hold positions 0..max_length-1."""
+  b, slots = encoded.shape[0], max_length + 1
+  cache_layers = []
+  for layer in layers:
+    ck, cv = layer.cross_kv(encoded)
+    cache_layers.append({'k': jnp.zeros((b, num_heads, head_dim, slots), dtype),
+                         'v': jnp.zeros((b, num_heads, slots, head_dim), dtype),
+                         'cross_k': ck, 'cross_v': cv})
+  return {'layers': cache_layers, 'encoder_mask': encoder_tokens > 0}
+
+
+def decode_biases(relpos_bias, cache, positions, k: int, dtype):
+  """The attention biases of a cached call over k tokens from `positions` [b] (a cache of
+  empty_decode_cache's layout): self-attention [b, h, k, slots] (relative positions, and
+  causality over the slots, slot 0 masked) and cross-attention [b, 1, 1, enc]."""
+  num_slots = cache['layers'][0]['v'].shape[2]
+  q_pos = positions[:, None] + jnp.arange(k)[None, :]  # [b, k]
+  key_pos = jnp.arange(num_slots)[None, :] - 1  # [1, slots]
+  mask = (key_pos[:, None, :] >= 0) & (key_pos[:, None, :] <= q_pos[:, :, None])  # [b, k, slots]
+  self_bias = relpos_bias(q_pos, key_pos) + mask_to_bias(mask[:, None], dtype)
+  return self_bias, mask_to_bias(cache['encoder_mask'][:, None, None, :], dtype)
+
+
 def pairwise(query, key, fn=jnp.logical_and):
   """[batch, q], [batch, k] -> [batch, q, k]: fn of every (query, key) pair."""
   return fn(query[:, :, None], key[:, None, :])

@@ -39,7 +39,8 @@ import jax.numpy as jnp
 from specdec_t5x.algorithm import cpu_kernels, rows
 from specdec_t5x.algorithm.layers import (Attention, Dense, Embed, MlpBlock,
                                           RelativePositionBias, RMSNorm, kernel_init,
-                                          mask_to_bias, pairwise)
+                                          decode_biases, empty_decode_cache, mask_to_bias,
+                                          pairwise)
 # Re-exported: callers read the bucketing and its constants as network's.
 from specdec_t5x.algorithm.layers import (MAX_DISTANCE, NEG_INF, NUM_BUCKETS,  # noqa: F401
                                           relative_position_bucket)
@@ -321,26 +322,12 @@ class Decoder(nn.Module):
 
   def init_cache(self, encoded, encoder_tokens, max_length: int):
     cfg = self.config
-    b = encoded.shape[0]
-    # Slot 0 holds position -1 (always masked); slots 1.. hold positions 0..max_length-1.
-    slots = max_length + 1
-    layers = []
-    for layer in self.layers:
-      ck, cv = layer.cross_kv(encoded)
-      layers.append({'k': jnp.zeros((b, cfg.num_heads, cfg.head_dim, slots), cfg.dtype),
-                     'v': jnp.zeros((b, cfg.num_heads, slots, cfg.head_dim), cfg.dtype),
-                     'cross_k': ck, 'cross_v': cv})
-    return {'layers': layers, 'encoder_mask': encoder_tokens > 0}
+    return empty_decode_cache(self.layers, encoded, encoder_tokens, max_length,
+                              cfg.num_heads, cfg.head_dim, cfg.dtype)
 
   def extend(self, cache, tokens, positions, return_features: bool = False):
-    k = tokens.shape[1]
-    num_slots = cache['layers'][0]['v'].shape[2]
-    q_pos = positions[:, None] + jnp.arange(k)[None, :]  # [b, k]
-    key_pos = jnp.arange(num_slots)[None, :] - 1  # [1, slots]
-    mask = (key_pos[:, None, :] >= 0) & (key_pos[:, None, :] <= q_pos[:, :, None])  # [b, k, slots]
-    dtype = self.config.dtype
-    self_bias = self.relpos_bias(q_pos, key_pos) + mask_to_bias(mask[:, None], dtype)
-    cross_bias = mask_to_bias(cache['encoder_mask'][:, None, None, :], dtype)
+    self_bias, cross_bias = decode_biases(self.relpos_bias, cache, positions, tokens.shape[1],
+                                          self.config.dtype)
     x = self.shared_embedding(tokens.astype(jnp.int32))
     new_layers = []
     for layer, layer_cache in zip(self.layers, cache['layers']):

@@ -39,10 +39,6 @@ def module_for(config: Any) -> Any:
   return network.Transformer(config)
 
 
-def is_feature_draft(module: Any) -> bool:
-  return isinstance(module, feature_draft.FeatureDraft)
-
-
 def carries_draft(draft_module: Any) -> bool:
   """Whether a draft's weights travel in T5X's state: drafts that are T5 networks or
   feature-reading heads (feature_draft.py)."""

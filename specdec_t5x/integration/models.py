@@ -66,7 +66,7 @@ def config_dict(config: Any) -> Optional[Dict[str, Any]]:
 
 def init_params(module: Any, rng: jax.Array) -> Any:
   """Random parameters of a Transformer-like module (smoke tests, `fallback_init_rng`)."""
-  if draft_state.is_feature_draft(module):
+  if api.reads_features(module):
     return feature_draft.init_params(module.config, rng)
   return jax.jit(module.init)(rng, *[jnp.ones((1, 4), jnp.int32)] * 3)['params']
 

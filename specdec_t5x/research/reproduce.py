@@ -22,6 +22,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 RESULTS = 'results'
+LOG = 'reproduce_log'  # {root}/reproduce_log.json: the last run's steps and seconds, not a result
 README_BEGIN = '<!-- results table: rendered by scripts/reproduce_results.py --readme -->'
 README_END = '<!-- end of results table -->'
 
@@ -274,6 +275,8 @@ def index(root: str = RESULTS) -> List[str]:
            '|---|---|---|---|---|---|']
   for path in sorted(glob.glob(os.path.join(root, '*.json'))):
     name = os.path.basename(path)[:-5]
+    if name == LOG:
+      continue
     d = load(name, root)
     env = d.get('environment', {})
     machine = f"{env.get('platform', '?')}, {env.get('cpu_count', '?')} cores"
