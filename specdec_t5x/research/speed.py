@@ -228,6 +228,7 @@ def demo_speedups(target_name: str, draft_names: Sequence[str], tasks: Sequence[
     for temp in temperatures:
       alphas = {c['draft']: c['alpha'] for c in alpha_cells
                 if c['task'] == task and c['temperature'] == temp}
+      jax.clear_caches()  # the last group's programs: the JIT's memory mappings are bounded
       res = sweep(target, drafts_, enc, max_len, gammas, sampling.SamplingConfig(temp), cost,
                   repeats, seed, alphas=alphas)
       groups.append({'task': task, 'temperature': temp, 'costs_s': cost, **res})
