@@ -6,6 +6,7 @@ scripts report medians and ratios of runs interleaved in the same loop.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -30,6 +31,7 @@ def wall(fn: Callable[[], Any]) -> float:
 
 
 _EXTEND_FNS: Dict[Any, Callable] = {}
+MIN_ROUNDS = 3  # per_call_seconds' fewest timed rounds, whatever `repeats` asks
 
 
 def _repeated_extend(module, num_tokens: int, cache_len: int):
@@ -73,32 +75,48 @@ def _repeated_extend(module, num_tokens: int, cache_len: int):
 
 def call_costs(specs: Dict[str, tuple], enc, num_calls: int = 32, repeats: int = 5,
                cache_len: int = 0) -> Dict[str, float]:
-  """Median seconds of ONE cached decoder call, for several (module, params, num_tokens).
+  """Seconds of ONE cached decoder call, for several (module, params, num_tokens).
 
-  Each is measured as (time of num_calls calls - time of 0 calls) / num_calls with one
-  compiled program, so the encoder and cache set-up cancel. The repeats are interleaved
-  across all `specs`, so a drift in machine speed moves every cost alike and their ratios
-  (c, t_verify / t_target) stay comparable. `cache_len`: the cache's slots (0: just
-  enough); give the decode's own (max_len + gamma + 1) to include attention over the
-  whole cache.
+  Each is measured by per_call_seconds: num_calls calls against 0 calls of one compiled
+  program, so the encoder and cache set-up cancel, the repeats interleaved across all
+  `specs` so that their ratios (c, t_verify / t_target) stay comparable. `cache_len`: the
+  cache's slots (0: just enough); give the decode's own (max_len + gamma + 1) to include
+  attention over the whole cache. A cost lost in the noise is reported as 1e-9 s.
   """
-  fns = {}
+  runs = {}
   for name, (module, params, num_tokens) in specs.items():
     fn = _repeated_extend(module, num_tokens, max(cache_len, num_calls + num_tokens + 1))
     variables = api.decode_variables(module, params)  # as generate decodes
-    block(fn(variables, enc, num_calls)), block(fn(variables, enc, 0))  # compile
-    fns[name] = (fn, variables)
-  diffs: Dict[str, List[float]] = {name: [] for name in specs}
-  for _ in range(repeats):
-    for name, (fn, variables) in fns.items():
-      diffs[name].append(wall(lambda: fn(variables, enc, num_calls))
-                         - wall(lambda: fn(variables, enc, 0)))
-  return {name: max(statistics.median(d), 1e-9) / num_calls for name, d in diffs.items()}
+    runs[name] = functools.partial(fn, variables, enc)
+  return {name: max(seconds, 1e-9)
+          for name, seconds in per_call_seconds(runs, num_calls, repeats).items()}
+
+
+def per_call_seconds(runs: Dict[str, Callable[[int], Any]], num_calls: int,
+                     repeats: int) -> Dict[str, float]:
+  """Seconds of ONE call for each name, where runs[name](n) does a fixed set-up and then n
+  calls in one compiled program (n traced: both counts run the same program).
+
+  (fastest num_calls run - fastest 0-call run) / num_calls over max(repeats, MIN_ROUNDS)
+  rounds, interleaved across all names. Other work on the machine only ever adds time, so
+  the fastest run of each count is the least disturbed one (a single pair's difference can
+  be negative when a call costs less than the machine's jitter), and a drift in machine
+  speed moves every name alike, so ratios between them stay comparable. Compiles first.
+  Not floored: a result <= 0 means the call was lost in the noise.
+  """
+  for run in runs.values():
+    block(run(num_calls)), block(run(0))  # compile
+  walls: Dict[str, Dict[int, List[float]]] = {name: {num_calls: [], 0: []} for name in runs}
+  for _ in range(max(repeats, MIN_ROUNDS)):
+    for name, run in runs.items():
+      for n in (num_calls, 0):
+        walls[name][n].append(wall(lambda: run(n)))  # pylint: disable=cell-var-from-loop
+  return {name: (min(w[num_calls]) - min(w[0])) / num_calls for name, w in walls.items()}
 
 
 def call_cost(module, params, enc, num_tokens: int, num_calls: int = 32, repeats: int = 5,
               cache_len: int = 0) -> float:
-  """Median seconds of ONE cached decoder call over `num_tokens` new tokens (call_costs)."""
+  """Seconds of ONE cached decoder call over `num_tokens` new tokens (call_costs)."""
   return call_costs({'cost': (module, params, num_tokens)}, enc, num_calls, repeats,
                     cache_len)['cost']
 

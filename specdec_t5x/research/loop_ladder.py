@@ -16,13 +16,13 @@ Per loop iteration (one target call), in seconds:
 Each step's excess over the one before is a loss of its own: chaining, interleaving two
 models, and the loop's own work (the draft's 2-token re-feed, acceptance, sampling,
 statistics, the sequence buffer). Autoregressive decoding has alone, chained and loop.
-Timed like timing.call_costs: (time of n iterations - time of 0) / n, one compiled program
-per rung, repeats interleaved across all rungs.
+Timed like timing.call_costs (timing.per_call_seconds: n iterations against 0 of one compiled
+program per rung, repeats interleaved across all rungs).
 """
 
 from __future__ import annotations
 
-import statistics
+import functools
 from typing import Any, Dict, Optional
 
 import jax
@@ -98,14 +98,9 @@ def rungs(target: ModelAndParams, draft: Optional[ModelAndParams], enc, gamma: i
       progs[f'{name}_draft'] = (_program(target[0], draft[0], 1, 0, chained, cache_len), d_vars)
   if draft is not None:
     progs['interleaved'] = (_program(target[0], draft[0], gamma, verify, True, cache_len), d_vars)
-  for fn, dv in progs.values():  # compile both trip counts' program (one: n is traced)
-    timing.block(fn(t_vars, dv, enc, num_calls)), timing.block(fn(t_vars, dv, enc, 0))
-  diffs = {name: [] for name in progs}
-  for _ in range(repeats):
-    for name, (fn, dv) in progs.items():
-      diffs[name].append(timing.wall(lambda: fn(t_vars, dv, enc, num_calls))  # pylint: disable=cell-var-from-loop
-                         - timing.wall(lambda: fn(t_vars, dv, enc, 0)))  # pylint: disable=cell-var-from-loop
-  per = {name: max(statistics.median(d), 0.0) / num_calls for name, d in diffs.items()}
+  runs = {name: functools.partial(fn, t_vars, dv, enc) for name, (fn, dv) in progs.items()}
+  per = {name: max(seconds, 0.0)
+         for name, seconds in timing.per_call_seconds(runs, num_calls, repeats).items()}
   out = {}
   for name in ('alone', 'chained'):
     out[name] = per[f'{name}_verify'] + (gamma * per[f'{name}_draft'] if draft is not None else 0)
