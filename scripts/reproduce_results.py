@@ -7,7 +7,7 @@ r"""Regenerates every file of results/ on today's code, one script at a time.
   python scripts/reproduce_results.py --index --readme  # re-render INDEX.md, README table
 
 Each step (research/reproduce.py STEPS: the flags the committed files were made with) runs
-in a fresh process; a timed step is refused while the machine is busy (load average,
+in a fresh process; a timed step is refused while the machine is busy (CPU use,
 another Python process) unless --allow_busy, which marks the run. Logs each step's
 seconds to {root}/reproduce_log.json, then renders {root}/INDEX.md (file, command,
 revision, date, machine, headline) and, with --readme, the Results table of README.md

@@ -58,13 +58,24 @@ def test_index_lists_every_result_as_rendered():
 def test_a_running_python_process_makes_the_machine_busy():
   child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])
   try:
-    why = reproduce.busy(max_load=1e9)
+    why = reproduce.busy(max_cpu=1.0)
     assert why is not None and 'Python' in why
     with pytest.raises(RuntimeError, match='Not timing'):
       reproduce.run([reproduce.Step('x', 'nope.py')], root='/nonexistent')
   finally:
     child.kill()
     child.wait()
+
+
+def test_a_spinning_process_makes_the_cpus_busy():
+  spin = subprocess.Popen(['sh', '-c', 'while :; do :; done'])
+  try:
+    one_core = 1.0 / os.cpu_count()
+    assert reproduce.cpu_busy_fraction(window=1.0) > 0.8 * one_core
+    assert 'CPUs busy' in reproduce.busy(max_cpu=0.5 * one_core)
+  finally:
+    spin.kill()
+    spin.wait()
 
 
 def test_the_index_leaves_out_the_run_log(tmp_path):

@@ -80,12 +80,32 @@ STEPS = (
 )
 
 
-def busy(max_load: float = 0.5) -> Optional[str]:
-  """Why timing now would mislead (None when the machine looks idle): a 1-minute load
-  average above `max_load`, or another Python process running."""
-  load = os.getloadavg()[0]
-  if load > max_load:
-    return f'load average {load:.2f} > {max_load}'
+def cpu_busy_fraction(window: float = 2.0) -> Optional[float]:
+  """The share of all cores' time spent not idle over the next `window` seconds, from
+  /proc/stat (None where there is none). Unlike the load average, it does not lag: a step
+  that has just finished no longer counts."""
+  def sample():
+    with open('/proc/stat') as f:
+      ticks = [int(x) for x in f.readline().split()[1:]]
+    return sum(ticks), ticks[3] + ticks[4]  # total, idle + iowait
+  try:
+    total0, idle0 = sample()
+    time.sleep(window)
+    total1, idle1 = sample()
+  except (OSError, ValueError, IndexError):
+    return None
+  return 1.0 - (idle1 - idle0) / max(total1 - total0, 1)
+
+
+def busy(max_cpu: float = 0.2) -> Optional[str]:
+  """Why timing now would mislead (None when the machine looks idle): more than `max_cpu`
+  of all cores busy over two seconds (the 1-minute load average where /proc/stat is
+  missing), or another Python process running."""
+  used = cpu_busy_fraction()
+  if used is None:
+    used = os.getloadavg()[0] / (os.cpu_count() or 1)
+  if used > max_cpu:
+    return f'{used:.0%} of the CPUs busy > {max_cpu:.0%}'
   mine = {os.getpid(), os.getppid()}
   for path in glob.glob('/proc/[0-9]*/cmdline'):
     pid = int(path.split('/')[2])
