@@ -5,13 +5,15 @@ r"""Regenerates every file of results/ on today's code, one script at a time.
   python scripts/reproduce_results.py --quick --root /tmp/quick   # a smoke run
   python scripts/reproduce_results.py --list          # the steps and their commands
   python scripts/reproduce_results.py --index --readme  # re-render INDEX.md, README table
+  python scripts/reproduce_results.py --check --only alpha_demo  # rerun, compare, write nothing
 
 Each step (research/reproduce.py STEPS: the flags the committed files were made with) runs
 in a fresh process; a timed step is refused while the machine is busy (CPU use,
 another Python process) unless --allow_busy, which marks the run. Logs each step's
 seconds to {root}/reproduce_log.json, then renders {root}/INDEX.md (file, command,
 revision, date, machine, headline) and, with --readme, the Results table of README.md
-from the JSON files.
+from the JSON files. --check (research/reproduce_check.py) reruns the steps into a scratch
+folder and compares their deterministic fields exactly and their timings within a spread.
 """
 
 import argparse
@@ -19,7 +21,7 @@ import json
 import os
 
 from specdec_t5x.integration import run_dir
-from specdec_t5x.research import reproduce
+from specdec_t5x.research import reproduce, reproduce_check
 
 
 def main(argv=None):
@@ -31,6 +33,10 @@ def main(argv=None):
   ap.add_argument('--list', action='store_true', help='print the steps and exit')
   ap.add_argument('--index', action='store_true', help='only re-render INDEX.md')
   ap.add_argument('--readme', action='store_true', help='also re-render README.md\'s table')
+  ap.add_argument('--check', action='store_true',
+                  help='re-run the checked steps into a scratch folder and compare their '
+                  'fields with --root\'s files (exactly, timings within their spread); '
+                  'writes nothing; exit status 1 when a field differs')
   args = ap.parse_args(argv)
   names = [n for n in args.only.split(',') if n]
   unknown = set(names) - {s.name for s in reproduce.STEPS}
@@ -41,6 +47,13 @@ def main(argv=None):
     for s in steps:
       print(f'{s.name:28s}', ' '.join(['python'] + s.command(args.quick, args.root)[1:]))
     return None
+  if args.check:
+    results = reproduce_check.run(steps, quick=args.quick, allow_busy=args.allow_busy,
+                                  reference_root=args.root)
+    print('\n'.join(reproduce_check.report(results)))
+    if any(r['mismatches'] for r in results.values()):
+      raise SystemExit(1)
+    return results
   records = []
   if not args.index:
     os.makedirs(args.root, exist_ok=True)

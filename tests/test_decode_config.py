@@ -158,7 +158,7 @@ def test_every_field_is_bindable_from_gin():
 
 def test_compiled_programs_are_kept_least_recently_used(target_and_draft, monkeypatch):
   """api keeps a bounded number of compiled programs (one per models, length and config)."""
-  monkeypatch.setattr(api, '_COMPILED_KEEP', 2)
+  monkeypatch.setattr(api, 'PROGRAMS_KEEP', 2)
   monkeypatch.setattr(api, '_COMPILED', collections.OrderedDict())
   target, draft = target_and_draft
   enc = random_inputs(1, 5, 40, seed=1)

@@ -185,7 +185,20 @@ def decode_program(target_module, draft_module, *, max_len: int, config: DecodeC
 
 
 _COMPILED: 'collections.OrderedDict[Any, Any]' = collections.OrderedDict()
-_COMPILED_KEEP = 32  # compiled programs kept (least recently used dropped), as _PACKED
+PROGRAMS_KEEP = 32  # jitted programs each memo keeps (least recently used dropped)
+
+
+def memoized_program(memo: 'collections.OrderedDict[Any, Any]', key: Any,
+                     build: Callable[[], Any]) -> Any:
+  """memo[key], built by build() when missing; the least recently used entries beyond
+  PROGRAMS_KEEP are dropped, so that their compiled executables can be freed (a process that
+  compiles hundreds of programs otherwise exhausts the JIT's memory mappings)."""
+  if key not in memo:
+    memo[key] = build()
+    while len(memo) > PROGRAMS_KEEP:
+      memo.popitem(last=False)
+  memo.move_to_end(key)
+  return memo[key]
 
 
 def _compiled(target_module, draft_module, *, max_len: int, config: DecodeConfig):
@@ -193,13 +206,8 @@ def _compiled(target_module, draft_module, *, max_len: int, config: DecodeConfig
     config = DecodeConfig.from_sampling(config.sampling, gamma=1)
   key = (_module_key(target_module), draft_module and _module_key(draft_module),
          max_len, config)
-  if key not in _COMPILED:
-    _COMPILED[key] = jax.jit(decode_program(target_module, draft_module, max_len=max_len,
-                                            config=config))
-    while len(_COMPILED) > _COMPILED_KEEP:
-      _COMPILED.popitem(last=False)
-  _COMPILED.move_to_end(key)
-  return _COMPILED[key]
+  return memoized_program(_COMPILED, key, lambda: jax.jit(decode_program(
+      target_module, draft_module, max_len=max_len, config=config)))
 
 
 def _is_traced(x) -> bool:

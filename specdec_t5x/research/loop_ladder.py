@@ -22,6 +22,7 @@ program per rung, repeats interleaved across all rungs).
 
 from __future__ import annotations
 
+import collections
 import functools
 from typing import Any, Dict, Optional
 
@@ -31,7 +32,7 @@ import jax.numpy as jnp
 from specdec_t5x.algorithm import api, sampling, timing
 
 ModelAndParams = Any
-_PROGRAMS: Dict[tuple, Any] = {}
+_PROGRAMS: 'collections.OrderedDict[tuple, Any]' = collections.OrderedDict()
 
 
 def _program(target_module, draft_module, gamma: int, verify_tokens: int, chained: bool,
@@ -42,8 +43,13 @@ def _program(target_module, draft_module, gamma: int, verify_tokens: int, chaine
   key = (api._module_key(target_module),  # pylint: disable=protected-access
          draft_module and api._module_key(draft_module),  # pylint: disable=protected-access
          gamma, verify_tokens, chained, cache_len)
-  if key in _PROGRAMS:
-    return _PROGRAMS[key]
+  return api.memoized_program(_PROGRAMS, key, lambda: jax.jit(_synthetic_loop(
+      target_module, draft_module, gamma, verify_tokens, chained, cache_len)))
+
+
+def _synthetic_loop(target_module, draft_module, gamma: int, verify_tokens: int,
+                    chained: bool, cache_len: int):
+  """_program's function, before jit."""
   stride = max(gamma, 1)
 
   def prefill(module, variables, enc):
@@ -74,9 +80,7 @@ def _program(target_module, draft_module, gamma: int, verify_tokens: int, chaine
 
     init = (t_cache, d_cache, jnp.full((1, 1), 3, jnp.int32), jnp.float32(0.0))
     return jax.lax.fori_loop(0, n, body, init)[3]
-
-  _PROGRAMS[key] = jax.jit(run)
-  return _PROGRAMS[key]
+  return run
 
 
 def rungs(target: ModelAndParams, draft: Optional[ModelAndParams], enc, gamma: int,

@@ -1,0 +1,150 @@
+"""`reproduce_results.py --check`: re-run result steps and compare what they print with the
+files they replace, without touching those files.
+
+Each checked step lists the JSON fields that a rerun must reproduce EXACTLY (acceptance
+rates and histograms, target calls, identical-token counts, BLEU/ROUGE, compiled FLOPs:
+deterministic on one machine and one set of library versions) and the timing fields it
+must reproduce within `rtol` (the run-to-run spread of timings on a 2-core VM). Fields are
+named by fnmatch patterns over the JSON's flattened paths ('cells/3/alpha'); every pattern
+must match a field of the committed file, so the lists cannot silently go stale
+(tests/test_reproduce_check.py checks them against results/).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import json
+import os
+import tempfile
+from typing import Any, Dict, List, Sequence, Tuple
+
+from specdec_t5x.research import reproduce
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+  exact: Tuple[str, ...] = ()  # fields a rerun reproduces bit for bit
+  timing: Tuple[str, ...] = ()  # fields a rerun reproduces within rtol (relative)
+  rtol: float = 0.25
+
+
+_SPEC_ROWS = ('*/tokens_per_target_call', '*/accepted_length_histogram/*',
+              '*/alpha_empirical', '*/same_tokens_as_ar', '*/generated_tokens')
+_DEMO_RUNS = Check(exact=('runs/*/alpha_empirical', 'runs/*/mean_tokens_per_target_call',
+                          'runs/*/identical_predictions', 'runs/*/bleu/bleu',
+                          'runs/*/baseline_bleu/bleu', 'runs/*/num_predictions'),
+                   timing=('runs/*/walltime_speedup_stats/pooled',))
+_DECODE_COUNTS = ('results/*/target_calls', 'results/*/generated_tokens',
+                  'results/*/accepted_tokens', 'results/*/equal_to_ar')
+
+CHECKS: Dict[str, Check] = {
+    'alpha_demo': Check(exact=('cells/*/alpha', 'cells/*/beta_histogram/counts/*',
+                               'cells/*/num_sequences', 'cells/*/speculative/*')),
+    'demo_models': Check(exact=('scores/*',)),
+    'bf16_agreement': Check(exact=('bfloat16/*', 'ar_bf16_vs_ar_f32/*')),
+    'bf16_agreement_diagnosis': Check(exact=('cells/*',)),
+    'compiled_table2': Check(exact=('models/*/flops', 'models/*/bytes', 'models/*/memory/*',
+                                    'models/*/collectives/*')),
+    'speedup_demo': Check(exact=tuple('groups/*/rows' + p for p in _SPEC_ROWS)
+                          + ('groups/*/ar_tokens',),
+                          timing=('groups/*/best_measured_speedup',)),
+    'speedup_ende_t1_inverse_cdf': Check(
+        exact=tuple('groups/*/rows' + p for p in _SPEC_ROWS) + ('groups/*/ar_tokens',),
+        timing=('groups/*/best_measured_speedup',)),
+    'block_verification': Check(exact=('rows/*_tokens', 'rows/*_tokens_per_call',
+                                       'rows/*/gamma'),
+                                timing=('rows/*/speed_block_over_token',)),
+    'adaptive_gamma': Check(exact=_DECODE_COUNTS, timing=('results/*/speedup_vs_ar',)),
+    'copy_draft': Check(exact=_DECODE_COUNTS, timing=('results/*/speedup',)),
+    'lenience': Check(exact=('results/*/target_calls', 'results/*/generated_tokens',
+                             'results/*/bleu', 'results/*/rouge*'),
+                      timing=('results/*/speedup_vs_ar',)),
+    'batch_throughput': Check(exact=('rows/*/target_calls', 'rows/*/generated_tokens',
+                                     'rows/*/rows_equal_batch1')),
+    'feature_draft': Check(exact=('acceptance/*',)),
+    'demo_speedup_runs': _DEMO_RUNS,
+    'demo_feature_draft_runs': _DEMO_RUNS,
+}
+
+
+def flatten(tree: Any, prefix: str = '') -> Dict[str, Any]:
+  """{'a/0/b': leaf} for a JSON tree (dict keys and list indices joined by '/')."""
+  if isinstance(tree, dict):
+    items = tree.items()
+  elif isinstance(tree, list):
+    items = enumerate(tree)
+  else:
+    return {prefix: tree}
+  out: Dict[str, Any] = {}
+  for key, value in items:
+    out.update(flatten(value, f'{prefix}/{key}' if prefix else str(key)))
+  return out
+
+
+def _matching(flat: Dict[str, Any], patterns: Sequence[str]) -> Dict[str, List[str]]:
+  return {p: [k for k in flat if fnmatch.fnmatchcase(k, p)] for p in patterns}
+
+
+def stale_patterns(check: Check, reference: Dict[str, Any]) -> List[str]:
+  """The patterns of `check` that match no field of `reference` (a JSON tree)."""
+  flat = flatten(reference)
+  return [p for p, keys in _matching(flat, check.exact + check.timing).items() if not keys]
+
+
+def compare(check: Check, reference: Dict[str, Any], fresh: Dict[str, Any]) -> Dict[str, Any]:
+  """Fields of `fresh` against `reference`: {'exact': n compared, 'timing': n compared,
+  'mismatches': [(field, reference value, fresh value, rule)]}. A field missing from
+  `fresh` is a mismatch; so is a pattern matching nothing in `reference`."""
+  ref, new = flatten(reference), flatten(fresh)
+  mismatches, counted = [], {'exact': 0, 'timing': 0}
+  for rule, patterns in (('exact', check.exact), ('timing', check.timing)):
+    for pattern, keys in _matching(ref, patterns).items():
+      if not keys:
+        mismatches.append((pattern, None, None, 'matches no field'))
+      for key in keys:
+        counted[rule] += 1
+        a, b = ref[key], new.get(key, '<missing>')
+        if rule == 'exact':
+          ok = a == b
+        else:
+          ok = (isinstance(a, (int, float)) and isinstance(b, (int, float))
+                and abs(b - a) <= check.rtol * abs(a))
+        if not ok:
+          mismatches.append((key, a, b, rule if rule == 'exact' else f'within {check.rtol:.0%}'))
+  return {**counted, 'mismatches': mismatches}
+
+
+def _load(path: str) -> Dict[str, Any]:
+  with open(path, encoding='utf-8') as f:
+    return json.load(f)
+
+
+def run(steps: Sequence[reproduce.Step], quick: bool = False, allow_busy: bool = False,
+        reference_root: str = reproduce.RESULTS, log=print) -> Dict[str, Dict[str, Any]]:
+  """Re-runs each step of `steps` that has a Check into a scratch folder and compares its
+  JSON with `reference_root`'s; returns {step: compare(...)}. Nothing under
+  `reference_root` is written."""
+  checked = [s for s in steps if s.name in CHECKS and (not quick or s.quick is not None)]
+  out = {}
+  with tempfile.TemporaryDirectory(prefix='reproduce_check_') as scratch:
+    for step in checked:
+      reproduce.run([step], quick=quick, allow_busy=allow_busy, root=scratch, log=log)
+      out[step.name] = compare(CHECKS[step.name],
+                               _load(os.path.join(reference_root, f'{step.name}.json')),
+                               _load(os.path.join(scratch, f'{step.name}.json')))
+      got = out[step.name]
+      log(f'[{step.name}] {got["exact"]} exact and {got["timing"]} timing fields, '
+          f'{len(got["mismatches"])} differ')
+  return out
+
+
+def report(results: Dict[str, Dict[str, Any]], limit: int = 10) -> List[str]:
+  """Markdown lines: a row per step, then the first `limit` differing fields of each."""
+  lines = ['| step | exact fields | timing fields | differing |', '|---|---:|---:|---:|']
+  lines += [f'| {name} | {r["exact"]} | {r["timing"]} | {len(r["mismatches"])} |'
+            for name, r in results.items()]
+  for name, r in results.items():
+    for field, a, b, rule in r['mismatches'][:limit]:
+      lines.append(f'- {name}: `{field}` committed {a!r}, rerun {b!r} ({rule})')
+  return lines
