@@ -68,11 +68,13 @@ def test_bad_timings_raise(base, spec, pattern):
     timing.paired_speedup(base, spec)
 
 
-def test_per_call_seconds_takes_the_fastest_run_of_each_count(monkeypatch):
-  """A call cheaper than the machine's jitter: one disturbed 0-call run makes that round's
-  difference negative, the fastest runs of each count still give the call's cost."""
-  walls = {('a', 8): iter([1.9, 1.8, 1.85]), ('a', 0): iter([2.0, 1.0, 1.1]),
-           ('b', 8): iter([5.0, 4.2, 4.0]), ('b', 0): iter([1.0, 1.2, 1.0])}
+def test_per_call_seconds_is_the_median_difference_over_at_least_min_rounds(monkeypatch):
+  """A call cheaper than the machine's jitter: one round with a disturbed 0-call run has
+  a negative difference, and asking for one round still times MIN_ROUNDS, whose median
+  difference is the call's cost."""
+  assert timing.MIN_ROUNDS == 5
+  walls = {('a', 8): iter([1.9, 1.8, 1.85, 1.8, 1.8]), ('a', 0): iter([2.5, 1.0, 1.05, 1.0, 1.0]),
+           ('b', 8): iter([5.0, 4.2, 4.0, 4.0, 4.1]), ('b', 0): iter([1.0, 1.2, 1.0, 1.0, 1.0])}
   order = []
 
   def run(name, n):
@@ -80,8 +82,8 @@ def test_per_call_seconds_takes_the_fastest_run_of_each_count(monkeypatch):
     return name, n
   monkeypatch.setattr(timing, 'wall', lambda fn: next(walls[fn()]))
   runs = {name: functools.partial(run, name) for name in ('a', 'b')}
-  got = timing.per_call_seconds(runs, num_calls=8, repeats=1)  # rounds: MIN_ROUNDS
-  assert got == pytest.approx({'a': (1.8 - 1.0) / 8, 'b': (4.0 - 1.0) / 8})
+  got = timing.per_call_seconds(runs, num_calls=8, repeats=1)
+  assert got == pytest.approx({'a': 0.8 / 8, 'b': 3.0 / 8})
   timed = order[4:]  # after one compile run of each count
   assert timed[:4] == [('a', 8), ('a', 0), ('b', 8), ('b', 0)]  # interleaved
   assert len(timed) == 4 * timing.MIN_ROUNDS

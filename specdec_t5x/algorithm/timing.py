@@ -32,7 +32,7 @@ def wall(fn: Callable[[], Any]) -> float:
 
 
 _EXTEND_FNS: 'collections.OrderedDict[Any, Callable]' = collections.OrderedDict()
-MIN_ROUNDS = 3  # per_call_seconds' fewest timed rounds, whatever `repeats` asks
+MIN_ROUNDS = 5  # per_call_seconds' fewest timed rounds, whatever `repeats` asks
 
 
 def _repeated_extend(module, num_tokens: int, cache_len: int):
@@ -100,21 +100,22 @@ def per_call_seconds(runs: Dict[str, Callable[[int], Any]], num_calls: int,
   """Seconds of ONE call for each name, where runs[name](n) does a fixed set-up and then n
   calls in one compiled program (n traced: both counts run the same program).
 
-  (fastest num_calls run - fastest 0-call run) / num_calls over max(repeats, MIN_ROUNDS)
-  rounds, interleaved across all names. Other work on the machine only ever adds time, so
-  the fastest run of each count is the least disturbed one (a single pair's difference can
-  be negative when a call costs less than the machine's jitter), and a drift in machine
-  speed moves every name alike, so ratios between them stay comparable. Compiles first.
-  Not floored: a result <= 0 means the call was lost in the noise.
+  The median over max(repeats, MIN_ROUNDS) rounds of (time of num_calls calls - time of 0
+  calls) / num_calls, the rounds interleaved across all names so that a drift in machine
+  speed moves every name alike and ratios between them stay comparable. A median, as
+  every decode timing of the project, so that costs and the decodes they predict are
+  estimated alike; at least MIN_ROUNDS rounds, because one round's difference can be
+  negative when a call costs less than the machine's jitter. Compiles first. Not
+  floored: a result <= 0 means the call was lost in the noise.
   """
   for run in runs.values():
     block(run(num_calls)), block(run(0))  # compile
-  walls: Dict[str, Dict[int, List[float]]] = {name: {num_calls: [], 0: []} for name in runs}
+  diffs: Dict[str, List[float]] = {name: [] for name in runs}
   for _ in range(max(repeats, MIN_ROUNDS)):
     for name, run in runs.items():
-      for n in (num_calls, 0):
-        walls[name][n].append(wall(lambda: run(n)))  # pylint: disable=cell-var-from-loop
-  return {name: (min(w[num_calls]) - min(w[0])) / num_calls for name, w in walls.items()}
+      diffs[name].append(wall(lambda: run(num_calls))  # pylint: disable=cell-var-from-loop
+                         - wall(lambda: run(0)))  # pylint: disable=cell-var-from-loop
+  return {name: statistics.median(d) / num_calls for name, d in diffs.items()}
 
 
 def call_cost(module, params, enc, num_tokens: int, num_calls: int = 32, repeats: int = 5,
