@@ -186,14 +186,15 @@ def finished_run(output_dir: str, metrics_name: str, settings: Mapping[str, Any]
 
 
 def git_revision() -> Optional[str]:
-  """The git revision of the installed package's checkout ('-dirty' if it has changes),
-  or None when the package is not inside a git checkout."""
+  """The git revision of the installed package's checkout ('-dirty' if it has changes
+  outside results/, which the result scripts themselves rewrite), or None when the
+  package is not inside a git checkout."""
   here = os.path.dirname(os.path.abspath(__file__))
   try:
     rev = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=here, capture_output=True,
                          text=True, timeout=10, check=True).stdout.strip()
-    dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no'],
-                           cwd=here, capture_output=True, text=True, timeout=10).stdout
+    dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no', '--',
+                            ':/', ':(top,exclude)results'], cwd=here, capture_output=True, text=True, timeout=10).stdout
     return rev + ('-dirty' if dirty.strip() else '')
   except (OSError, subprocess.SubprocessError):
     return None
