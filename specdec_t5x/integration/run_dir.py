@@ -194,7 +194,8 @@ def git_revision() -> Optional[str]:
     rev = subprocess.run(['git', 'rev-parse', 'HEAD'], cwd=here, capture_output=True,
                          text=True, timeout=10, check=True).stdout.strip()
     dirty = subprocess.run(['git', 'status', '--porcelain', '--untracked-files=no', '--',
-                            ':/', ':(top,exclude)results'], cwd=here, capture_output=True, text=True, timeout=10).stdout
+                            ':/', ':(top,exclude)results'],
+                           cwd=here, capture_output=True, text=True, timeout=10).stdout
     return rev + ('-dirty' if dirty.strip() else '')
   except (OSError, subprocess.SubprocessError):
     return None

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 from specdec_t5x.research import demo_data, harness
 
@@ -82,7 +82,7 @@ def render_vs_compiled(cmp_: Dict[str, Any]) -> List[str]:
   chip = cmp_['chip']
   ms = lambda row, key: harness.fmt(row.get(key) and row[key] * 1e3, '.3f')
   ratios = lambda d: ', '.join(f'{k}: {v:.2f}' for k, v in sorted(d.items(), key=lambda i: int(i[0])))
-  return [f"## 1b. Measured beside the compiler's predictions (results/compiled_table2.md)", '',
+  return ["## 1b. Measured beside the compiler's predictions (results/compiled_table2.md)", '',
           f"Predicted: XLA cost analysis and a roofline for {chip or 'no chip of this kind'}"
           f" (1 device), at {cmp_['lengths']['input']} input tokens and a "
           f"{cmp_['lengths']['cache']}-position cache; measured here at "
