@@ -3,7 +3,7 @@ loop's time goes, with the packed CPU kernel and with XLA's dot (batch 1, demo f
 
   flock /tmp/specdec_bench.lock python scripts/loop_efficiency.py \
       --num_examples 12 --gammas 2,3,4 --temperatures 0,1   # results/loop_efficiency.*
-  python scripts/loop_efficiency.py --tiny --out /tmp/loop   # random tiny models, seconds
+  python scripts/loop_efficiency.py --tiny --ladder_calls 2000 --out /tmp/loop  # tiny models
 
 Drafts: demo_draft_m and the target itself (one set of weights). Per row: tokens per
 target call, the measured speedup, the end-to-end ideal from the calls made and the call
@@ -104,6 +104,9 @@ def main(argv=None) -> None:
   ap.add_argument('--temperatures', type=harness.floats, default=[0.0, 1.0])
   ap.add_argument('--max_len', type=int, default=64)
   ap.add_argument('--matmuls', default='packed,xla', help='packed (the CPU kernel), xla')
+  ap.add_argument('--ladder_calls', type=int, default=16,
+                  help='iterations per timed run of each ladder rung (tiny models: thousands, '
+                  'or a run is shorter than the machine\'s jitter)')
   ap.add_argument('--tiny', action='store_true', help='random tiny models (the test)')
   ap.add_argument('--probe', action='store_true',
                   help='also stamp the host clock around every call inside the loop')
@@ -126,7 +129,7 @@ def main(argv=None) -> None:
       jax.clear_caches()  # ~80 programs per matmul: freeing them keeps the JIT's mappings in bounds
       report['matmuls'][matmul] = loop_efficiency.measure(
           target, drafts, enc, args.max_len, args.gammas, args.temperatures, args.repeats,
-          cost_repeats=args.repeats, probe=args.probe)
+          cost_repeats=args.repeats, probe=args.probe, ladder_calls=args.ladder_calls)
   finally:
     if previous is None:
       os.environ.pop('SPECDEC_CPU_KERNELS', None)

@@ -55,10 +55,12 @@ def _probe(target, draft, rows: Sequence[np.ndarray], max_len: int, config: Deco
 def measure(target: ModelAndParams, drafts: Dict[str, ModelAndParams], enc: np.ndarray,
             max_len: int, gammas: Sequence[int], temperatures: Sequence[float],
             repeats: int = 3, cost_calls: int = 32, cost_repeats: int = 5,
-            probe: bool = False) -> Dict[str, Any]:
+            probe: bool = False, ladder_calls: int = 16) -> Dict[str, Any]:
   """The rows of results/loop_efficiency for the current matmul (packed kernel or not).
 
-  enc [N, L]: the inputs, decoded one at a time at their length buckets.
+  enc [N, L]: the inputs, decoded one at a time at their length buckets. `ladder_calls`:
+  iterations per timed run of each ladder rung (enough that a run lasts well beyond the
+  machine's jitter: tiny models need thousands).
   """
   rows_in = [batching.trim_batch(enc[i:i + 1]) for i in range(len(enc))]
   cost = speed.costs(target, drafts, enc, gammas, cost_calls, cost_repeats, max_len=max_len)
@@ -72,10 +74,10 @@ def measure(target: ModelAndParams, drafts: Dict[str, ModelAndParams], enc: np.n
   prefill.update({name: sum(timing.prefill_cost(*d, r, cache_len, cost_repeats) for r in rows_in)
                   for name, d in drafts.items()})
   out['prefill_s'] = prefill
-  out['ladder_s'] = {'ar': loop_ladder.rungs(target, None, first, 1, repeats=cost_repeats,
-                                             cache_len=cache_len)}
+  out['ladder_s'] = {'ar': loop_ladder.rungs(target, None, first, 1, ladder_calls,
+                                             repeats=cost_repeats, cache_len=cache_len)}
   out['ladder_s'].update({f'{name}_g{g}': loop_ladder.rungs(
-      target, draft, first, g, repeats=cost_repeats, cache_len=cache_len)
+      target, draft, first, g, ladder_calls, repeats=cost_repeats, cache_len=cache_len)
                           for name, draft in drafts.items() for g in gammas})
   for temp in temperatures:
     jax.clear_caches()  # the last group's programs: the JIT's memory mappings are bounded
