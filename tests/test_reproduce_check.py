@@ -50,3 +50,11 @@ def test_a_rerun_reproduces_the_deterministic_fields_exactly(tmp_path):
   assert got['alpha_demo']['exact'] > 50 and got['alpha_demo']['mismatches'] == []
   lines = reproduce_check.report(got)
   assert lines[2].startswith('| alpha_demo |') and lines[2].endswith('| 0 |')
+
+
+def test_a_missing_reference_is_an_error_before_the_rerun(tmp_path):
+  step = next(s for s in reproduce.STEPS if s.name == 'alpha_demo')
+  ran = []
+  with pytest.raises(FileNotFoundError, match='alpha_demo.json'):
+    reproduce_check.run([step], reference_root=str(tmp_path), log=ran.append)
+  assert ran == []  # nothing was run

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import json
-import os
 import tempfile
 from typing import Any, Dict, List, Sequence, Tuple
 
@@ -115,11 +113,6 @@ def compare(check: Check, reference: Dict[str, Any], fresh: Dict[str, Any]) -> D
   return {**counted, 'mismatches': mismatches}
 
 
-def _load(path: str) -> Dict[str, Any]:
-  with open(path, encoding='utf-8') as f:
-    return json.load(f)
-
-
 def run(steps: Sequence[reproduce.Step], quick: bool = False, allow_busy: bool = False,
         reference_root: str = reproduce.RESULTS, log=print) -> Dict[str, Dict[str, Any]]:
   """Re-runs each step of `steps` that has a Check into a scratch folder and compares its
@@ -129,10 +122,11 @@ def run(steps: Sequence[reproduce.Step], quick: bool = False, allow_busy: bool =
   out = {}
   with tempfile.TemporaryDirectory(prefix='reproduce_check_') as scratch:
     for step in checked:
+      reference = reproduce.load(step.name, reference_root)
+      if reference is None:  # before spending the rerun
+        raise FileNotFoundError(f'No {step.name}.json under {reference_root} to check against.')
       reproduce.run([step], quick=quick, allow_busy=allow_busy, root=scratch, log=log)
-      out[step.name] = compare(CHECKS[step.name],
-                               _load(os.path.join(reference_root, f'{step.name}.json')),
-                               _load(os.path.join(scratch, f'{step.name}.json')))
+      out[step.name] = compare(CHECKS[step.name], reference, reproduce.load(step.name, scratch))
       got = out[step.name]
       log(f'[{step.name}] {got["exact"]} exact and {got["timing"]} timing fields, '
           f'{len(got["mismatches"])} differ')
