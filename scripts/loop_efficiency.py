@@ -3,7 +3,7 @@ loop's time goes, with the packed CPU kernel and with XLA's dot (batch 1, demo f
 
   flock /tmp/specdec_bench.lock python scripts/loop_efficiency.py \
       --num_examples 12 --gammas 2,3,4 --temperatures 0,1   # results/loop_efficiency.*
-  python scripts/loop_efficiency.py --tiny --ladder_calls 2000 --out /tmp/loop  # tiny models
+  python scripts/loop_efficiency.py --tiny --ladder_calls 600 --out /tmp/loop  # tiny models
 
 Drafts: demo_draft_m and the target itself (one set of weights). Per row: tokens per
 target call, the measured speedup, the end-to-end ideal from the calls made and the call

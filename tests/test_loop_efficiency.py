@@ -37,10 +37,11 @@ def test_phases_split_each_iteration_between_the_calls():
 @pytest.mark.slow  # the loop-efficiency script, run end to end
 def test_tiny_run_writes_the_table_and_keeps_the_tokens(tmp_path):
   out = tmp_path / 'loop'
-  # 2000 iterations per ladder run: a tiny model's 16 calls (~0.2 ms) are within the
-  # jitter of a 2-core machine running two test workers, and their cost read as 0
-  _script().main(['--tiny', '--out', str(out), '--gammas', '2', '--temperatures', '0,1',
-                  '--repeats', '1', '--matmuls', 'packed', '--probe', '--ladder_calls', '2000'])
+  # 600 iterations per ladder run (the cheapest rung runs ~10 ms): a tiny model's 16 calls
+  # (~0.2 ms) are within the jitter of a 2-core machine running two test workers, and
+  # their cost read as 0. Sampled (t = 1), the path with the most loop work.
+  _script().main(['--tiny', '--out', str(out), '--gammas', '2', '--temperatures', '1',
+                  '--repeats', '1', '--matmuls', 'packed', '--probe', '--ladder_calls', '600'])
   data = json.loads(out.with_suffix('.json').read_text())
   assert data['callback_overhead_s'] > 0
   ladder = data['matmuls']['packed']['ladder_s']
@@ -50,7 +51,7 @@ def test_tiny_run_writes_the_table_and_keeps_the_tokens(tmp_path):
     assert set(ladder[name]) == {'alone', 'chained', 'interleaved'}
     assert min(ladder[name].values()) > 0
   groups = data['matmuls']['packed']['groups']
-  assert [g['temperature'] for g in groups] == [0.0, 1.0]
+  assert [g['temperature'] for g in groups] == [1.0]
   for group in groups:
     assert group['ar_probe']['probed_tokens_equal'] == 2  # stamps change no token
     assert group['ar_loop_s'] > 0
@@ -65,7 +66,7 @@ def test_tiny_run_writes_the_table_and_keeps_the_tokens(tmp_path):
       assert all(loop[p] >= 0 for p in loop_probe.PHASES) and loop['verify'] > 0
       assert loop['draft_calls'] > 0 and loop['iterations'] > 0
     self_row = next(r for r in group['rows'] if r['draft'] == 'self')
-    if group['temperature'] == 0:  # greedy, draft == target: every draft accepted
-      assert self_row['tokens_per_target_call'] > 2.5
+    # draft == target: q == p, so every draft is accepted (up to the last call of a row)
+    assert self_row['tokens_per_target_call'] > 2.5
   md = out.with_suffix('.md').read_text()
   assert '| draft | gamma | tokens/call | measured |' in md and 'temperature 1' in md

@@ -45,7 +45,8 @@ class Step:
 
 STEPS = (
     Step('alpha_demo', 'measure_alpha.py', ('--num_tokens', '2000', '--spec_examples', '32'),
-         timed=False, quick=('--num_tokens', '100', '--spec_examples', '2')),
+         timed=False, quick=('--num_tokens', '100', '--spec_examples', '2', '--tasks', 'ende',
+                                '--drafts', 'demo_draft_s,bigram')),
     Step('demo_models', 'eval_demo_models.py', (), timed=False),
     Step('bf16_agreement', 'bf16_agreement.py', ('--gammas', '1,2,3,4,5,6,7'), timed=False),
     Step('bf16_agreement_diagnosis', 'bf16_agreement.py', ('--diagnose',), timed=False,
