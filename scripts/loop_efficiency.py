@@ -1,11 +1,19 @@
 """Speculative decoding's efficiency against the ideal its call costs allow, and where the
-loop's time goes, with the packed CPU kernel and with XLA's dot (batch 1, demo family).
+loop's time goes, with the packed CPU kernel and with XLA's dot (batch 1 unless --batch;
+demo family unless --random_target).
 
   flock /tmp/specdec_bench.lock python scripts/loop_efficiency.py \
       --num_examples 12 --gammas 2,3,4 --temperatures 0,1   # results/loop_efficiency.*
   python scripts/loop_efficiency.py --tiny --ladder_calls 600 --out /tmp/loop  # tiny models
+  flock /tmp/specdec_bench.lock python scripts/loop_efficiency.py --num_examples 16 \
+      --batch 8 --matmuls packed --out results/loop_efficiency_batch8   # batch 8
+  python scripts/loop_efficiency.py --random_target small --num_examples 4 --max_len 32 \
+      --gammas 3 --temperatures 0 --matmuls packed \
+      --out results/loop_efficiency_t5_1_1_small   # a T5 v1.1 size, random weights
 
-Drafts: demo_draft_m and the target itself (one set of weights). Per row: tokens per
+Drafts: demo_draft_m and the target itself (one set of weights); with --random_target, a
+T5 v1.1 target of that size and a 2+2-layer, 256-wide T5 v1.1 draft, random weights, on
+random inputs (acceptance then means nothing; the efficiency does). Per row: tokens per
 target call, the measured speedup, the end-to-end ideal from the calls made and the call
 costs timed alone, efficiency = measured / ideal; per loop iteration the ladder of
 research/loop_ladder.py (calls alone, chained, both models interleaved, the real loop: the
@@ -41,6 +49,20 @@ def _tiny():
   return target, {'small': model(16, 1, 1), 'self': target}, enc
 
 
+def _random_t5_1_1(size: str, num_examples: int):
+  """A random-weight T5 v1.1 target of `size`, a small random draft of its vocabulary, and
+  random inputs (24 tokens): the accounting at a real model's shapes."""
+  def model(cfg, seed):
+    module = network.Transformer(cfg)
+    return module, timing.random_params(module, seed, dtype=np.float32)
+  target = model(network.t5_1_1_config(size), 0)
+  draft = model(network.t5_1_1_config(size, emb_dim=256, num_heads=4, num_encoder_layers=2,
+                                      num_decoder_layers=2, mlp_dim=1024), 1)
+  vocab = target[0].config.vocab_size
+  enc = np.random.RandomState(0).randint(2, vocab, size=(num_examples, 24)).astype(np.int32)
+  return target, {'random_small': draft, 'self': target}, enc
+
+
 def _ms(x):
   return harness.fmt(None if x is None else 1e3 * x, '.3f')
 
@@ -48,9 +70,13 @@ def _ms(x):
 def render(report: harness.Report) -> List[str]:
   lines = report.header(
       'Loop efficiency: measured vs ideal, and where each iteration goes',
-      'Batch 1. measured = AR time / speculative time per generated token (interleaved); '
+      f'Batch {report["args"].get("batch", 1)}. measured = AR time / speculative time per '
+      'generated token (interleaved); '
       'ideal e2e = speed.ideal_end_to_end from the target calls each loop made and the call '
-      'costs timed alone (prefill included); efficiency = measured / ideal. The ladder, in '
+      'costs timed alone (prefill included); efficiency = measured / ideal; eff. chained: the same '
+      'with the call costs scaled by the ladder\'s chained / alone ratios (identical calls let XLA hoist the token\'s embedding and '
+      'the first layer\'s input projections out of the timed loop, which no decode can). '
+      'The ladder, in '
       'ms per loop iteration (one target call): alone = gamma t_draft + t_verify, each call '
       'timed in a loop of identical calls; chained = the same calls, each token the argmax '
       'of the call before (as in any decode); interleaved = gamma chained draft calls and the '
@@ -59,6 +85,7 @@ def render(report: harness.Report) -> List[str]:
       'the loop\'s own work (2-token draft re-feed, acceptance, sampling, statistics). '
       'copies: copies/transposes in the compiled while body (cache-sized ones in brackets). '
       'research/loop_ladder.py.')
+  lines += [f'Target: {report["target"]}; drafts: {", ".join(report["drafts"])}.', '']
   for matmul, res in report['matmuls'].items():
     lines += [f'## {matmul}', '']
     ar = res['ladder_s']['ar']
@@ -73,15 +100,17 @@ def render(report: harness.Report) -> List[str]:
         lad = res['ladder_s'][f'{r["draft"]}_g{r["gamma"]}']
         rows.append([r['draft'], r['gamma'], f'{r["tokens_per_target_call"]:.2f}',
                      f'{r["speedup_measured"]:.2f}x', f'{r["speedup_ideal_end_to_end"]:.2f}x',
-                     f'{r["efficiency_end_to_end"]:.2f}', _ms(lad['alone']), _ms(lad['chained']),
+                     f'{r["efficiency_end_to_end"]:.2f}',
+                     harness.fmt(r.get('efficiency_chained'), '.2f'),
+                     _ms(lad['alone']), _ms(lad['chained']),
                      _ms(lad['interleaved']), _ms(r['loop_s']),
                      _ms(lad['chained'] - lad['alone']), _ms(lad['interleaved'] - lad['chained']),
                      _ms(r['loop_s'] - lad['interleaved']),
                      f'{r["copies"]["copies_and_transposes"]} ({len(r["copies"]["whole_buffer"])})'])
       lines += harness.table(['draft', 'gamma', 'tokens/call', 'measured', 'ideal e2e',
-                              'efficiency', 'alone', 'chained', 'interleaved', 'loop',
-                              '+chaining', '+two models', '+loop work', 'copies'],
-                             rows, 'llrrrrrrrrrrrr') + ['']
+                              'efficiency', 'eff. chained', 'alone', 'chained', 'interleaved',
+                              'loop', '+chaining', '+two models', '+loop work', 'copies'],
+                             rows, 'llrrrrrrrrrrrrr') + ['']
       probed = [r for r in group['rows'] if 'probe_s' in r]
       if probed:
         lines += ['Host stamps inside the loop (ms per iteration; the stamps slow what they '
@@ -108,17 +137,29 @@ def main(argv=None) -> None:
                   help='iterations per timed run of each ladder rung (tiny models: thousands, '
                   'or a run is shorter than the machine\'s jitter)')
   ap.add_argument('--tiny', action='store_true', help='random tiny models (the test)')
+  ap.add_argument('--random_target', choices=sorted(network.T5_1_1_SIZES),
+                  help='a random-weight T5 v1.1 target of this size instead of the demo')
+  ap.add_argument('--batch', type=int, default=1,
+                  help='rows decoded together (--num_examples a multiple of it); every call, '
+                  'rung and prefill is then a batch\'s')
   ap.add_argument('--probe', action='store_true',
                   help='also stamp the host clock around every call inside the loop')
   args = ap.parse_args(argv)
   if args.tiny:
-    target, drafts, enc = _tiny()
+    (target, drafts, enc), name = _tiny(), 'tiny random'
+  elif args.random_target:
+    target, drafts, enc = _random_t5_1_1(args.random_target, args.num_examples)
+    name = f'random-weight T5 v1.1 {args.random_target}'
   else:
-    target = evaluation.load_model('demo_target')
+    name, target = 'demo_target', evaluation.load_model('demo_target')
     drafts = {'demo_draft_m': evaluation.load_model('demo_draft_m'), 'self': target}
     enc = batching.pad_batch([e.inputs for e in evaluation.load_examples('ende',
                                                                          args.num_examples)])
   report = harness.Report(__file__, args, argv)
+  cfg = target[0].config
+  report['target'] = (f'{name} (emb {cfg.emb_dim}, {cfg.num_decoder_layers} decoder layers, '
+                      f'vocab {cfg.vocab_size})')
+  report['drafts'] = list(drafts)
   if args.probe:
     report['callback_overhead_s'] = loop_probe.callback_overhead()
   report['matmuls'] = {}
@@ -129,7 +170,8 @@ def main(argv=None) -> None:
       jax.clear_caches()  # ~80 programs per matmul: freeing them keeps the JIT's mappings in bounds
       report['matmuls'][matmul] = loop_efficiency.measure(
           target, drafts, enc, args.max_len, args.gammas, args.temperatures, args.repeats,
-          cost_repeats=args.repeats, probe=args.probe, ladder_calls=args.ladder_calls)
+          cost_repeats=args.repeats, probe=args.probe, ladder_calls=args.ladder_calls,
+          batch=args.batch)
   finally:
     if previous is None:
       os.environ.pop('SPECDEC_CPU_KERNELS', None)

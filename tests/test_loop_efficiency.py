@@ -3,9 +3,12 @@ import importlib.util
 import json
 import pathlib
 
+import numpy as np
 import pytest
 
-from specdec_t5x.research import loop_probe
+from conftest import random_inputs
+from specdec_t5x.algorithm.config import DecodeConfig
+from specdec_t5x.research import loop_probe, speed
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -63,6 +66,7 @@ def test_tiny_run_writes_the_table_and_keeps_the_tokens(tmp_path):
       assert row['loop_s'] > 0
       assert row['copies']['whole_buffer'] == []
       assert row['speedup_measured'] > 0 and row['efficiency_end_to_end'] > 0
+      assert row['efficiency_chained'] > 0
       assert all(loop[p] >= 0 for p in loop_probe.PHASES) and loop['verify'] > 0
       assert loop['draft_calls'] > 0 and loop['iterations'] > 0
     self_row = next(r for r in group['rows'] if r['draft'] == 'self')
@@ -70,3 +74,39 @@ def test_tiny_run_writes_the_table_and_keeps_the_tokens(tmp_path):
     assert self_row['tokens_per_target_call'] > 2.5
   md = out.with_suffix('.md').read_text()
   assert '| draft | gamma | tokens/call | measured |' in md and 'temperature 1' in md
+  assert 'Target: tiny random (emb 32' in md
+
+
+@pytest.mark.slow  # the loop-efficiency script, run end to end at batch 2
+def test_tiny_batched_run_counts_loop_iterations(tmp_path):
+  out = tmp_path / 'loop'
+  _script().main(['--tiny', '--out', str(out), '--gammas', '2', '--temperatures', '0',
+                  '--repeats', '1', '--matmuls', 'packed', '--ladder_calls', '600',
+                  '--batch', '2'])
+  data = json.loads(out.with_suffix('.json').read_text())
+  ladder = data['matmuls']['packed']['ladder_s']
+  assert min(v for rung in ladder.values() for v in rung.values()) > 0
+  group = data['matmuls']['packed']['groups'][0]
+  assert group['ar_copies']['whole_buffer'] == []
+  for row in group['rows']:
+    assert row['loop_s'] > 0 and row['efficiency_end_to_end'] > 0
+    assert row['copies']['whole_buffer'] == []  # no cache copied whole at batch 2 either
+  assert out.with_suffix('.md').read_text().count('Batch 2.') == 1
+  with pytest.raises(ValueError, match='probe'):
+    _script().main(['--tiny', '--out', str(out), '--batch', '2', '--probe'])
+
+
+def test_batched_decoder_rows_equal_their_batch_of_one_decodes(target_and_draft):
+  target, draft = target_and_draft
+  enc = random_inputs(4, 9, 40, seed=3)
+  config = DecodeConfig(gamma=3)
+  one = speed.Decoder(target, draft, enc, 10, config)
+  two = speed.Decoder(target, draft, enc, 10, config, batch=2)
+  one(), two()
+  for a, b in zip(one.tokens, two.tokens):
+    np.testing.assert_array_equal(a, b)
+  calls = np.asarray(two.stats['target_calls'])  # summed over the two batches, per row slot
+  assert one.iterations == int(np.asarray(one.stats['target_calls']).sum())
+  assert max(calls) <= two.iterations <= calls.sum()
+  with pytest.raises(ValueError, match='batches of 3'):
+    speed.Decoder(target, draft, enc, 10, config, batch=3)

@@ -1,11 +1,14 @@
 """How close the speculative loop comes to the ideal its call costs allow, and where the
 rest goes (scripts/loop_efficiency.py).
 
-For each draft, temperature and gamma, at batch 1 over the same inputs:
+For each draft, temperature and gamma, at one batch size (1: each input alone) over the
+same inputs:
 - measured: AR time / speculative time per generated token (timed interleaved);
 - ideal end to end: speed.ideal_end_to_end from the calls each loop made and the call
   costs measured alone (speed.costs, plus the draft's 2-token re-feed call);
-- efficiency = measured / ideal;
+- efficiency = measured / ideal; and the same from the ladder's chained rungs (a call's cost
+  when its token comes from the last call, as in any decode: identical calls let XLA hoist
+  the token's embedding and the first layer's input projections out of the timed loop);
 - the ladder (loop_ladder): per iteration, the calls timed alone, chained (each call's
   token from the last call's argmax), one synthetic iteration of both models' calls, and
   the real loop: the losses to chaining, to interleaving two models and to the loop's own
@@ -34,12 +37,12 @@ ModelAndParams = Any
 
 def _copies(target: ModelAndParams, draft: Optional[ModelAndParams], row: np.ndarray,
             max_len: int, config: DecodeConfig) -> Dict[str, Any]:
-  """hlo_loops' summary of the compiled decode program for one row (batch 1)."""
+  """hlo_loops' summary of the compiled decode program for one batch of rows."""
   fn = api._compiled(target[0], draft and draft[0], max_len=max_len, config=config)  # pylint: disable=protected-access
   args = (api.decode_variables(*target), None if draft is None else api.decode_variables(*draft),
           jnp.asarray(row), jax.random.PRNGKey(0), jnp.int32(1))
-  smallest = min(m[0].config.num_heads * m[0].config.head_dim
-                 for m in (target, draft) if m is not None) * (max_len + 2)
+  smallest = min(m[0].config.num_heads * m[0].config.head_dim  # the smallest cache's elements
+                 for m in (target, draft) if m is not None) * (max_len + 2) * row.shape[0]
   return hlo_loops.loop_traffic(fn.lower(*args).compile().as_text(), smallest).summary()
 
 
@@ -55,15 +58,20 @@ def _probe(target, draft, rows: Sequence[np.ndarray], max_len: int, config: Deco
 def measure(target: ModelAndParams, drafts: Dict[str, ModelAndParams], enc: np.ndarray,
             max_len: int, gammas: Sequence[int], temperatures: Sequence[float],
             repeats: int = 3, cost_calls: int = 32, cost_repeats: int = 5,
-            probe: bool = False, ladder_calls: int = 16) -> Dict[str, Any]:
+            probe: bool = False, ladder_calls: int = 16, batch: int = 1) -> Dict[str, Any]:
   """The rows of results/loop_efficiency for the current matmul (packed kernel or not).
 
-  enc [N, L]: the inputs, decoded one at a time at their length buckets. `ladder_calls`:
+  enc [N, L]: the inputs, decoded `batch` rows at a time (N a multiple of it) at their
+  length buckets; every call cost, ladder rung and prefill is then a batch's, and the
+  loop's target calls are its iterations (speed.Decoder.iterations). `ladder_calls`:
   iterations per timed run of each ladder rung (enough that a run lasts well beyond the
-  machine's jitter: tiny models need thousands).
+  machine's jitter: tiny models need thousands). `probe` needs batch 1.
   """
-  rows_in = [batching.trim_batch(enc[i:i + 1]) for i in range(len(enc))]
-  cost = speed.costs(target, drafts, enc, gammas, cost_calls, cost_repeats, max_len=max_len)
+  if probe and batch != 1:
+    raise ValueError('The host-stamp probe follows one row: pass batch 1 with probe.')
+  rows_in = [batching.trim_batch(enc[i:i + batch]) for i in range(0, len(enc), batch)]
+  cost = speed.costs(target, drafts, enc, gammas, cost_calls, cost_repeats, max_len=max_len,
+                     batch=batch)
   first = jnp.asarray(rows_in[0])
   cache_len = max_len + max(gammas) + 1
   cost.update(timing.call_costs({f't_draft_refeed_{name}': (*draft, 2)
@@ -82,13 +90,14 @@ def measure(target: ModelAndParams, drafts: Dict[str, ModelAndParams], enc: np.n
   for temp in temperatures:
     jax.clear_caches()  # the last group's programs: the JIT's memory mappings are bounded
     base = DecodeConfig(temperature=temp, gamma=1)
-    ar = speed.Decoder(target, None, enc, max_len, base)
-    decs = {(name, g): speed.Decoder(target, draft, enc, max_len, base.replace(gamma=g))
+    ar = speed.Decoder(target, None, enc, max_len, base, batch=batch)
+    decs = {(name, g): speed.Decoder(target, draft, enc, max_len, base.replace(gamma=g),
+                                     batch=batch)
             for name, draft in drafts.items() for g in gammas}
     fns = {'ar': ar, **{f'{name}_g{g}': dec for (name, g), dec in decs.items()}}
     med = {k: statistics.median(v) for k, v in timing.median_times(fns, repeats).items()}
     ar_tokens = float(ar.stats['generated_tokens'].sum())
-    ar_calls = float(ar.stats['target_calls'].sum())
+    ar_calls = float(ar.iterations)
     group = {'temperature': temp, 'ar_seconds': med['ar'], 'ar_tokens': ar_tokens,
              'ar_loop_s': loop_ladder.loop_seconds(med['ar'], prefill['target'], ar_calls),
              'ar_copies': _copies(target, None, rows_in[0], max_len, base), 'rows': []}
@@ -97,14 +106,27 @@ def measure(target: ModelAndParams, drafts: Dict[str, ModelAndParams], enc: np.n
     for (name, g), dec in decs.items():
       s = dec.stats
       spec_tokens = float(s['generated_tokens'].sum())
-      calls = float(s['target_calls'].sum())
+      calls = float(dec.iterations)
       measured = (med['ar'] / ar_tokens) / (med[f'{name}_g{g}'] / spec_tokens)
-      ideal = speed.ideal_end_to_end(len(enc), float(ar.stats['target_calls'].sum()), calls, g,
+      ideal = speed.ideal_end_to_end(len(rows_in), ar_calls, calls, g,
                                      cost, name) * (spec_tokens / ar_tokens)
+      # The same ideal with chained calls (each call's token the argmax of the last, as in
+      # any decode; identical calls let XLA hoist the token's embedding and the first
+      # layer's input projections out of the timing loop): the call costs scaled by the
+      # ladder's chained / alone ratios (one ladder, one cache length, so ratios compare).
+      lad, lad_ar = out['ladder_s'][f'{name}_g{g}'], out['ladder_s']['ar']
+      step, spec = lad_ar['chained'] / lad_ar['alone'], lad['chained'] / lad['alone']
+      chained_cost = dict(cost, t_target_step=cost['t_target_step'] * step,
+                          **{f't_draft_step_{name}': cost[f't_draft_step_{name}'] * spec,
+                             f't_verify_{g + 1}': cost[f't_verify_{g + 1}'] * spec})
+      ideal_chained = speed.ideal_end_to_end(len(rows_in), ar_calls, calls, g, chained_cost,
+                                             name) * (spec_tokens / ar_tokens)
       row = {
-          'draft': name, 'gamma': g, 'tokens_per_target_call': spec_tokens / calls,
+          'draft': name, 'gamma': g,
+          'tokens_per_target_call': spec_tokens / float(s['target_calls'].sum()),
           'speedup_measured': measured, 'speedup_ideal_end_to_end': ideal,
           'efficiency_end_to_end': measured / ideal,
+          'speedup_ideal_chained': ideal_chained, 'efficiency_chained': measured / ideal_chained,
           'loop_s': loop_ladder.loop_seconds(med[f'{name}_g{g}'], prefill['target'] + prefill[name],
                                              calls),
           'copies': _copies(target, drafts[name], rows_in[0], max_len, base.replace(gamma=g))}

@@ -1,5 +1,6 @@
 """Where a decode loop's time goes, from the paper's ideal to the real loop, as a ladder of
-timed programs over the same calls (batch 1; research/loop_efficiency.py's rows).
+timed programs over the same calls (research/loop_efficiency.py's rows), at the batch
+of the encoder rows given.
 
 Per loop iteration (one target call), in seconds:
 
@@ -57,6 +58,7 @@ def _synthetic_loop(target_module, draft_module, gamma: int, verify_tokens: int,
     return module.apply(variables, encoded, enc, cache_len, method='init_cache')
 
   def run(target_vars, draft_vars, enc, n):
+    b = enc.shape[0]
     t_cache = prefill(target_module, target_vars, enc)
     d_cache = None if draft_module is None else prefill(draft_module, draft_vars, enc)
 
@@ -64,7 +66,7 @@ def _synthetic_loop(target_module, draft_module, gamma: int, verify_tokens: int,
       t_cache, d_cache, token, acc = carry
       for j in range(gamma if draft_module is not None else 0):
         logits, d_cache = draft_module.apply(
-            draft_vars, d_cache, token, jnp.full((1,), i * stride + j, jnp.int32),
+            draft_vars, d_cache, token, jnp.full((b,), i * stride + j, jnp.int32),
             method='extend')
         acc = acc + logits[0, -1, 0]
         if chained:
@@ -72,20 +74,20 @@ def _synthetic_loop(target_module, draft_module, gamma: int, verify_tokens: int,
       if verify_tokens:
         logits, t_cache = target_module.apply(
             target_vars, t_cache, jnp.tile(token, (1, verify_tokens)),
-            jnp.full((1,), i * stride, jnp.int32), method='extend')
+            jnp.full((b,), i * stride, jnp.int32), method='extend')
         acc = acc + logits[0, -1, 0]
         if chained:
           token = sampling.argmax(logits[:, -1])[:, None]
       return t_cache, d_cache, token, acc
 
-    init = (t_cache, d_cache, jnp.full((1, 1), 3, jnp.int32), jnp.float32(0.0))
+    init = (t_cache, d_cache, jnp.full((b, 1), 3, jnp.int32), jnp.float32(0.0))
     return jax.lax.fori_loop(0, n, body, init)[3]
   return run
 
 
 def rungs(target: ModelAndParams, draft: Optional[ModelAndParams], enc, gamma: int,
           num_calls: int = 16, repeats: int = 5, cache_len: int = 0) -> Dict[str, float]:
-  """Seconds per iteration of the synthetic rungs for one (draft, gamma), enc [1, L]:
+  """Seconds per iteration of the synthetic rungs for one (draft, gamma), enc [b, L]:
   {'alone', 'chained', 'interleaved'} (speculative), or {'alone', 'chained'} with draft
   None (autoregressive: one target call per iteration). `cache_len` as the decode's
   (max_len + gamma + 1); grown to hold num_calls iterations when smaller."""

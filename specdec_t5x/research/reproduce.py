@@ -65,6 +65,11 @@ STEPS = (
                                                    '--temperatures', '0,1', '--repeats', '5'),
          quick=('--num_examples', '2', '--gammas', '3', '--temperatures', '0', '--repeats', '1',
                 '--matmuls', 'packed')),
+    Step('loop_efficiency_batch8', 'loop_efficiency.py', ('--num_examples', '16', '--batch', '8',
+                                                          '--matmuls', 'packed')),
+    Step('loop_efficiency_t5_1_1_small', 'loop_efficiency.py', (
+        '--random_target', 'small', '--num_examples', '4', '--max_len', '32', '--gammas', '3',
+        '--temperatures', '0', '--matmuls', 'packed')),
     Step('peers', 'bench_peers.py', ('--num_examples', '8', '--repeats', '2')),
     Step('block_verification', 'block_vs_token.py', ('--num_examples', '12')),
     Step('adaptive_gamma', 'adaptive_gamma.py', ('--rows=6', '--max_len=40')),
@@ -238,13 +243,19 @@ def _best_of(key):
 
 
 def _loop_efficiency(d):
-  parts = []
+  parts, drafts = [], set()
   for matmul, res in d['matmuls'].items():
-    eff = [r['efficiency_end_to_end'] for g in res['groups'] for r in g['rows']
-           if r['draft'] != 'self']
+    rows = [r for g in res['groups'] for r in g['rows'] if r['draft'] != 'self']
+    drafts |= {r['draft'] for r in rows}
+    eff = [r['efficiency_end_to_end'] for r in rows]
     parts.append(f"{matmul}: efficiency {min(eff):.2f}-{max(eff):.2f} "
                  f"(median {statistics.median(eff):.2f})")
-  return 'demo_draft_m, gamma 2-4, t 0 and 1: ' + '; '.join(parts)
+  args = d['args']
+  gammas = sorted(args['gammas'])
+  span = f'{gammas[0]}-{gammas[-1]}' if len(gammas) > 1 else f'{gammas[0]}'
+  temps = ' and '.join(f'{t:g}' for t in args['temperatures'])
+  return (f"{', '.join(sorted(drafts))}, batch {args.get('batch', 1)}, gamma {span}, t {temps}: "
+          + '; '.join(parts))
 
 
 def _batch(d):
@@ -259,7 +270,8 @@ HEADLINES: Dict[str, Callable[[Dict[str, Any]], str]] = {
     'peers': _peers, 'block_verification': _block,
     'adaptive_gamma': _best_of('speedup_vs_ar'), 'copy_draft': _best_of('speedup'),
     'batch_throughput': _batch, 'lenience': _best_of('speedup_vs_ar'),
-    'loop_efficiency': _loop_efficiency,
+    'loop_efficiency': _loop_efficiency, 'loop_efficiency_batch8': _loop_efficiency,
+    'loop_efficiency_t5_1_1_small': _loop_efficiency,
 }
 
 

@@ -25,8 +25,10 @@ ModelAndParams = Tuple[Any, Any]
 
 @dataclasses.dataclass
 class Decoder:
-  """A batch-1 decode over a list of encoder rows, each at its length bucket
-  (batching.trim_batch), remembering the last run's stats (summed over the rows)."""
+  """A decode over a list of encoder rows, `batch` rows at a time (1: one at a time), each
+  batch at its length bucket (batching.trim_batch), remembering the last run's stats
+  (summed over the batches), its tokens per row, and `iterations`: the target calls of the
+  loops (a batch's loop runs until its last row is done: its rows' most calls)."""
   target: ModelAndParams
   draft: Optional[ModelAndParams]
   enc: np.ndarray  # [N, L]
@@ -36,10 +38,16 @@ class Decoder:
   eos_id: int = 1
   stats: Optional[stats_lib.DecodeStats] = None
   tokens: Optional[List[np.ndarray]] = None
+  batch: int = 1
+  iterations: Optional[int] = None
 
   def __post_init__(self):
-    # Each row at its length bucket, cut once rather than inside the timed loop.
-    self._rows = [batching.trim_batch(self.enc[i:i + 1]) for i in range(len(self.enc))]
+    if len(self.enc) % self.batch:
+      raise ValueError(f'{len(self.enc)} encoder rows do not split into batches of '
+                       f'{self.batch}; pass a multiple of the batch.')
+    # Each batch at its length bucket, cut once rather than inside the timed loop.
+    self._rows = [batching.trim_batch(self.enc[i:i + self.batch])
+                  for i in range(0, len(self.enc), self.batch)]
 
   def __call__(self):
     outs = []
@@ -51,21 +59,23 @@ class Decoder:
     timing.block(outs)
     self.stats = jax.tree_util.tree_map(lambda *xs: np.sum([np.asarray(x) for x in xs], axis=0),
                                         *[o.stats for o in outs])
-    self.tokens = [np.asarray(o.tokens[0, :int(o.stats['generated_tokens'][0])])
-                   for o in outs]
+    self.tokens = [np.asarray(o.tokens[r, :int(o.stats['generated_tokens'][r])])
+                   for o in outs for r in range(self.batch)]
+    self.iterations = sum(int(np.max(o.stats['target_calls'])) for o in outs)
     return outs
 
 
 def costs(target: ModelAndParams, drafts_: Dict[str, ModelAndParams], enc: np.ndarray,
           gammas: Sequence[int], num_calls: int = 32, repeats: int = 7,
-          max_len: int = 0) -> Dict[str, float]:
+          max_len: int = 0, batch: int = 1) -> Dict[str, float]:
   """Seconds per call (timing.call_cost): t_target_step, t_draft_step_{name},
-  t_verify_{g+1}; and per sequence (prefill_cost): t_prefill_target, t_prefill_draft_{name}.
+  t_verify_{g+1}; and per sequence (prefill_cost): t_prefill_target, t_prefill_draft_{name};
+  each call over the first `batch` rows of `enc` (a batch's call, prefill per batch).
 
   With `max_len`, caches have the decode's own size (max_len + max gamma + 1). The call
   costs' repeats are interleaved (timing.call_costs).
   """
-  enc = jnp.asarray(batching.trim_batch(enc[:1]))
+  enc = jnp.asarray(batching.trim_batch(enc[:batch]))
   cache_len = max_len + max(gammas) + 1 if max_len else 0
   specs = {'t_target_step': (*target, 1)}
   specs.update({f't_draft_step_{name}': (*draft, 1) for name, draft in drafts_.items()})
