@@ -7,9 +7,14 @@ buffer as large as a cache the loop carries or a weight.
 """
 import textwrap
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from conftest import run_child
 
+from specdec_t5x.algorithm import api, layers, network
+from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.research import hlo_loops
 
 
@@ -58,6 +63,31 @@ def test_no_whole_buffer_copies_in_the_decode_loops_on_8_devices():
   assert len(out) == 8
   for key, found in out.items():
     assert found['whole_buffer'] == [], (key, found)
+
+
+def test_tied_logits_with_xla_dot_copy_no_embedding_per_step_on_cpu(monkeypatch):
+  """XLA:CPU transposes and copies a tied embedding on every one-row logits call; the
+  decode variables carry it transposed once (layers.TRANSPOSED), with the same tokens."""
+  monkeypatch.setenv('SPECDEC_CPU_KERNELS', '0')
+  cfg = network.T5Config(vocab_size=512, emb_dim=32, num_heads=4, num_encoder_layers=1,
+                         num_decoder_layers=1, head_dim=8, mlp_dim=64, dropout_rate=0.0,
+                         logits_via_embedding=True)
+  module = network.Transformer(cfg)
+  x = jnp.asarray(np.random.RandomState(0).randint(2, 512, size=(1, 6)), jnp.int32)
+  params = module.init(jax.random.PRNGKey(0), x, x)['params']
+  decode = api.decode_variables(module, params)
+  assert decode[layers.TRANSPOSED]['token_embedder']['embedding'].shape == (32, 512)
+  assert api.decode_variables(module, params)[layers.TRANSPOSED] is decode[layers.TRANSPOSED]
+  for draft in (None, module):
+    fn = api._compiled(module, draft, max_len=16, config=DecodeConfig(gamma=3))  # pylint: disable=protected-access
+    found = {}
+    for label, variables in (('plain', {'params': params}), ('decode', decode)):
+      args = (variables, draft and variables, x, jax.random.PRNGKey(0), jnp.int32(1))
+      found[label] = hlo_loops.loop_traffic(fn.lower(*args).compile().as_text(), 512 * 32)
+      found[label + '_tokens'] = np.asarray(fn(*args)[0])
+    assert found['plain'].whole_buffer, 'XLA:CPU no longer copies the table: drop TRANSPOSED'
+    assert found['decode'].whole_buffer == [], found['decode'].summary()
+    np.testing.assert_array_equal(found['plain_tokens'], found['decode_tokens'])
 
 
 _LOOP = '''

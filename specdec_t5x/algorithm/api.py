@@ -3,7 +3,7 @@
 Binds Flax modules and params into the callbacks that decoding.py loops over, and
 compiles the whole generation (encoders, caches, loop) into one jitted call. On the CPU
 backend the model's float32 weights are packed once per params tree for cpu_kernels'
-matmul (`decode_variables`).
+matmul, or, with XLA's dot, a tied embedding transposed once (`decode_variables`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import cpu_kernels, decoding, feature_draft, network
+from specdec_t5x.algorithm import cpu_kernels, decoding, feature_draft, layers, network
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.algorithm.stats import DecodeStats
 
@@ -60,44 +60,59 @@ _PACKED_KEEP = 4  # params trees whose packed kernels stay cached
 
 def decode_variables(module, params) -> dict:
   """The variables the decode path applies `module` with: {'params': params}, plus, for a
-  network.Transformer on the CPU backend (cpu_kernels.enabled()), its packed decode kernels
-  (network.decode_kernels) -- packed once per params tree and cached while it lives.
+  network.Transformer on the CPU backend, one more collection made once per params tree and
+  cached while it lives: its packed decode kernels (network.decode_kernels) where the
+  packed matmul is usable (cpu_kernels.enabled()), else, for tied logits, the token
+  embedding transposed (network.transposed_embedding) for XLA's dot.
 
-  Only concrete packed kernels are cached. Called inside an outer trace (generate under
-  jit/pjit, as T5X's infer calls the model), packing is staged into that trace even for
-  concrete params, and its values must not outlive it: they are packed per call there.
+  Only concrete values are cached. Called inside an outer trace (generate under jit/pjit,
+  as T5X's infer calls the model), the collection is staged into that trace even for
+  concrete params, and its values must not outlive it: they are made per call there.
 
-  Params spread over more than one device (`_devices_holding`) get no packed kernels: the
-  packing would gather every weight onto each device and each would compute the whole
-  model, so XLA's dot (which GSPMD partitions) is used, with one log line.
+  Params spread over more than one device (`_devices_holding`) get neither: packing would
+  gather every weight onto each device and each would compute the whole model, so XLA's
+  dot (which GSPMD partitions) is used on the params as they are, with one log line.
   """
   variables = {'params': params}
-  if (not isinstance(module, (network.Transformer, feature_draft.FeatureDraft))
-      or not cpu_kernels.enabled()):
+  kind = _decode_collection(module)
+  if kind is None:
     return variables
   leaves = jax.tree_util.tree_leaves(params)
   spread = _devices_holding(leaves)
   if spread > 1:
-    _log_sharded(spread)
+    if kind == cpu_kernels.COLLECTION:
+      _log_sharded(spread)
     return variables
-  key = tuple(id(x) for x in leaves)  # packing depends on the params alone
+  key = (kind,) + tuple(id(x) for x in leaves)  # the collection depends on the params alone
   hit = _PACKED.get(key)
   if hit is None or any(ref() is not x for ref, x in zip(hit[0], leaves)):
-    packed = _pack(params)
-    if any(_is_traced(x) for x in jax.tree_util.tree_leaves(packed)):
-      return dict(variables, **{cpu_kernels.COLLECTION: packed})  # inside a trace
+    made = _MAKE[kind](params)
+    if any(_is_traced(x) for x in jax.tree_util.tree_leaves(made)):
+      return dict(variables, **{kind: made})  # inside a trace
     try:
       refs = [weakref.ref(x) for x in leaves]
-    except TypeError:  # leaves without weak references: pack every call
-      return dict(variables, **{cpu_kernels.COLLECTION: packed})
-    hit = _PACKED[key] = (refs, packed)
+    except TypeError:  # leaves without weak references: made every call
+      return dict(variables, **{kind: made})
+    hit = _PACKED[key] = (refs, made)
     while len(_PACKED) > _PACKED_KEEP:
       _PACKED.popitem(last=False)
   _PACKED.move_to_end(key)
-  return dict(variables, **{cpu_kernels.COLLECTION: hit[1]})
+  return dict(variables, **{kind: hit[1]})
 
 
-_pack = jax.jit(network.decode_kernels)
+_MAKE = {cpu_kernels.COLLECTION: jax.jit(network.decode_kernels),
+         layers.TRANSPOSED: jax.jit(network.transposed_embedding)}
+
+
+def _decode_collection(module) -> Optional[str]:
+  """Which decode-only collection `module` gets on this backend (decode_variables)."""
+  if (not isinstance(module, (network.Transformer, feature_draft.FeatureDraft))
+      or jax.default_backend() != 'cpu'):
+    return None
+  if cpu_kernels.enabled():
+    return cpu_kernels.COLLECTION
+  tied = isinstance(module, network.Transformer) and module.config.logits_via_embedding
+  return layers.TRANSPOSED if tied else None
 
 
 def _devices_holding(leaves) -> int:

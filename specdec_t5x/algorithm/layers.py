@@ -6,6 +6,8 @@ bit for bit. Attention exposes its projections (`project_q`, `project_kv`) and `
 separately, so the decoder can run its multi-token cache over them (network.DecoderLayer).
 Dense and Embed.attend use cpu_kernels' packed matmul when the variables carry packed
 weights (decode only: network.decode_kernels); otherwise they are T5X's computation.
+Embed.attend also takes the table already transposed (collection TRANSPOSED, decode only:
+network.transposed_embedding) for XLA's dot on CPU.
 
 Shapes use T5X's bracket comments: `# [batch, length, emb]`.
 """
@@ -25,6 +27,10 @@ from specdec_t5x.algorithm import cpu_kernels
 NUM_BUCKETS = 32  # T5's relative-position buckets ...
 MAX_DISTANCE = 128  # ... log-spaced up to this distance.
 NEG_INF = -1e10  # Additive bias of a masked attention logit.
+# The collection holding the token embedding transposed, [emb, vocab] float32, for tied
+# logits on XLA:CPU: there a one-row product with `embedding.T` gets the table transposed
+# and copied on every call (inside the decode loop: a vocabulary-sized copy per step).
+TRANSPOSED = 'transposed'
 
 
 def _act(name: str):
@@ -261,9 +267,13 @@ class Embed(nn.Module):
     """[..., emb] -> [..., vocab] float32: dot products with every embedding.
 
     In float32 whatever `dtype` is, as T5X's tied logits (`attend_dtype=float32`). With
-    decode variables (network.decode_kernels), the packed transposed table.
+    decode variables (network.decode_kernels), the packed transposed table; with the
+    TRANSPOSED collection (network.transposed_embedding), the same product on the table
+    transposed once outside the decode loop.
     """
     if self.has_variable(cpu_kernels.COLLECTION, 'embedding'):
       return cpu_kernels.matmul(query, self.get_variable(cpu_kernels.COLLECTION, 'embedding'),
                                 self.num_embeddings)
+    if self.has_variable(TRANSPOSED, 'embedding'):
+      return jnp.dot(query.astype(jnp.float32), self.get_variable(TRANSPOSED, 'embedding'))
     return jnp.dot(query.astype(jnp.float32), self.embedding.astype(jnp.float32).T)

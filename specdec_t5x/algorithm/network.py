@@ -358,6 +358,14 @@ def decode_kernels(params) -> dict:
   return traverse_util.unflatten_dict(packed)
 
 
+def transposed_embedding(params) -> dict:
+  """The `layers.TRANSPOSED` variables for decoding with XLA's dot on CPU: the tied token
+  embedding as float32 [emb, vocab] (Embed.attend then skips the transpose XLA:CPU would
+  copy on every one-row call). Pass them beside the params, as decode_kernels'."""
+  embedding = params['token_embedder']['embedding']
+  return {'token_embedder': {'embedding': embedding.astype(jnp.float32).T}}
+
+
 # T5 v1.1 sizes (T5X's t5x/examples/t5/t5_1_1/*.gin): emb_dim, num_heads, layers (each stack), mlp_dim.
 T5_1_1_SIZES = {
     'small': (512, 6, 8, 1024), 'base': (768, 12, 12, 2048), 'large': (1024, 16, 24, 2816),
