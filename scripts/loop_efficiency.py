@@ -17,9 +17,9 @@ random inputs (acceptance then means nothing; the efficiency does). Per row: tok
 target call, the measured speedup, the end-to-end ideal from the calls made and the call
 costs timed alone, efficiency = measured / ideal; per loop iteration the ladder of
 research/loop_ladder.py (calls alone, chained, both models interleaved, the real loop: the
-losses to chaining, to two models and to the loop's own work); with --probe, host stamps
-around every call inside the loop (research/loop_probe.py); and the copies/transposes left
-in the compiled while body. Writes {--out}.json and {--out}.md.
+losses to chaining, to two models and to the loop's own work); inside the loop, from XLA's
+profiler, the target's calls, the draft's calls and the loop's own work per iteration
+(research/loop_profile.py); and the copies/transposes left in the compiled while body. Writes {--out}.json and {--out}.md.
 Run on an idle machine: it times.
 """
 
@@ -34,7 +34,7 @@ import numpy as np
 from tqdm import tqdm
 
 from specdec_t5x.algorithm import batching, network, timing
-from specdec_t5x.research import evaluation, harness, loop_efficiency, loop_probe
+from specdec_t5x.research import evaluation, harness, loop_efficiency
 
 
 def _tiny():
@@ -65,6 +65,10 @@ def _random_t5_1_1(size: str, num_examples: int):
 
 def _ms(x):
   return harness.fmt(None if x is None else 1e3 * x, '.3f')
+
+
+def _heavy(profile) -> str:
+  return ', '.join(f'{name} {1e6 * s:.0f}' for name, s in profile['top_loop_work'][:3])
 
 
 def render(report: harness.Report) -> List[str]:
@@ -112,18 +116,24 @@ def render(report: harness.Report) -> List[str]:
                               'efficiency', 'eff. chained', 'alone', 'chained', 'interleaved',
                               'loop', '+chaining', '+two models', '+loop work', 'copies'],
                              rows, 'llrrrrrrrrrrrrr') + ['']
-      probed = [r for r in group['rows'] if 'probe_s' in r]
-      if probed:
-        lines += ['Host stamps inside the loop (ms per iteration; the stamps slow what they '
-                  f'bracket, a pair costs {_ms(report["callback_overhead_s"])} ms):', '']
-        lines += harness.table(
-            ['draft', 'gamma', 'draft calls (alone)', 'draft sampling', 'verify (alone)',
-             'accept + bookkeeping'],
-            [[r['draft'], r['gamma'],
-              f'{_ms(r["probe_s"]["draft_calls"])} ({_ms(r["alone_s"]["draft_calls"])})',
-              _ms(r['probe_s']['draft_sampling']),
-              f'{_ms(r["probe_s"]["verify"])} ({_ms(r["alone_s"]["verify"])})',
-              _ms(r['probe_s']['accept'])] for r in probed], 'llrrrr') + ['']
+      lines += ['Inside the loop, from XLA\'s profiler (ms per iteration; its markers slow each '
+                'instruction a little): target / draft calls (alone: the verify call; the '
+                'draft\'s 2-token re-feed and gamma - 1 steps), the loop\'s own work and its '
+                'heaviest parts, their sum against the unprofiled loop.', '']
+      prof = [['AR', 1, _ms(group['ar_profile']['per_iteration_s']['target_calls']), '',
+               _ms(group['ar_profile']['per_iteration_s']['loop_work']),
+               _ms(sum(group['ar_profile']['per_iteration_s'].values())),
+               _ms(group['ar_loop_s']), _heavy(group['ar_profile'])]]
+      for r in group['rows']:
+        part = r['profile']['per_iteration_s']
+        prof.append([r['draft'], r['gamma'],
+                     f'{_ms(part["target_calls"])} ({_ms(r["alone_s"]["verify"])})',
+                     f'{_ms(part["draft_calls"])} ({_ms(r["alone_s"]["draft_calls"])})',
+                     _ms(part['loop_work']), _ms(sum(part.values())), _ms(r['loop_s']),
+                     _heavy(r['profile'])])
+      lines += harness.table(['draft', 'gamma', 'target calls (alone)', 'draft calls (alone)',
+                              'loop work', 'sum', 'loop', 'heaviest loop work (us)'],
+                             prof, 'llrrrrrl') + ['']
   return lines
 
 
@@ -143,8 +153,6 @@ def main(argv=None) -> None:
   ap.add_argument('--batch', type=int, default=1,
                   help='rows decoded together (--num_examples a multiple of it); every call, '
                   'rung and prefill is then a batch\'s')
-  ap.add_argument('--probe', action='store_true',
-                  help='also stamp the host clock around every call inside the loop')
   args = ap.parse_args(argv)
   if args.tiny:
     (target, drafts, enc), name = _tiny(), 'tiny random'
@@ -161,8 +169,6 @@ def main(argv=None) -> None:
   report['target'] = (f'{name} (emb {cfg.emb_dim}, {cfg.num_decoder_layers} decoder layers, '
                       f'vocab {cfg.vocab_size})')
   report['drafts'] = list(drafts)
-  if args.probe:
-    report['callback_overhead_s'] = loop_probe.callback_overhead()
   report['matmuls'] = {}
   previous = os.environ.get('SPECDEC_CPU_KERNELS')
   try:
@@ -171,7 +177,7 @@ def main(argv=None) -> None:
       jax.clear_caches()  # ~80 programs per matmul: freeing them keeps the JIT's mappings in bounds
       report['matmuls'][matmul] = loop_efficiency.measure(
           target, drafts, enc, args.max_len, args.gammas, args.temperatures, args.repeats,
-          cost_repeats=args.repeats, probe=args.probe, ladder_calls=args.ladder_calls,
+          cost_repeats=args.repeats, ladder_calls=args.ladder_calls,
           batch=args.batch)
   finally:
     if previous is None:

@@ -168,7 +168,7 @@ def decode_program(target_module, draft_module, *, max_len: int, config: DecodeC
                    wrap: Optional[Callable[[str, decoding.ExtendFn], decoding.ExtendFn]] = None):
   """The whole generation, not yet jitted: fn(target_vars, draft_vars, encoder_tokens, rng,
   eos_id, prompt=None) -> (tokens, stats). `wrap(name, fn)`, if given, replaces the
-  'target' and 'draft' ExtendFns the loops call (e.g. research/loop_probe.py's timers)."""
+  'target' and 'draft' ExtendFns the loops call (e.g. research/loop_profile.py's scopes)."""
   wrap = wrap or (lambda name, fn: fn)
 
   def run(target_vars, draft_vars, encoder_tokens, rng, eos_id, prompt=None):

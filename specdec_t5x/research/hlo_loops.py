@@ -30,7 +30,8 @@ def _dims(text: str) -> Tuple[int, ...]:
   return tuple(int(d) for d in text.split(',') if d)
 
 
-def _computations(hlo: str) -> Dict[str, List[str]]:
+def computations(hlo: str) -> Dict[str, List[str]]:
+  """HLO text -> {computation name: its instruction lines}."""
   comps, current = {}, None
   for line in hlo.splitlines():
     match = _COMPUTATION.match(line)
@@ -69,19 +70,26 @@ class LoopTraffic:
             'min_elements': self.min_elements}
 
 
-def loop_traffic(hlo: str, min_elements: int,
-                 ops: Tuple[str, ...] = ('copy', 'transpose')) -> LoopTraffic:
-  """Per-device HLO text of a compiled program (`jax.jit(f).lower(...).compile().as_text()`)
-  -> the `ops` inside its while loops. Raises ValueError if it has no while loop."""
-  comps = _computations(hlo)
-  carried: List[Shape] = []
+def loop_computations(comps: Dict[str, List[str]]) -> Set[str]:
+  """The computations inside while loops (each body and everything it calls)."""
   inner: Set[str] = set()
   for lines in comps.values():
     for line in lines:
       match = _WHILE.search(line)
       if match:
-        carried += [(t, _dims(d)) for t, d in _LEAF.findall(match.group(1))]
         _reachable(comps, match.group(2), inner)
+  return inner
+
+
+def loop_traffic(hlo: str, min_elements: int,
+                 ops: Tuple[str, ...] = ('copy', 'transpose')) -> LoopTraffic:
+  """Per-device HLO text of a compiled program (`jax.jit(f).lower(...).compile().as_text()`)
+  -> the `ops` inside its while loops. Raises ValueError if it has no while loop."""
+  comps = computations(hlo)
+  carried = [(t, _dims(d)) for lines in comps.values() for line in lines
+             for match in [_WHILE.search(line)] if match
+             for t, d in _LEAF.findall(match.group(1))]
+  inner = loop_computations(comps)
   if not inner:
     raise ValueError('The program has no while loop.')
   weights = {(t, d) for t, d in carried if t in _FLOATS and len(d) == 2 and min(d) > 1}

@@ -13,9 +13,9 @@ same inputs:
   token from the last call's argmax), one synthetic iteration of both models' calls, and
   the real loop: the losses to chaining, to interleaving two models and to the loop's own
   work;
-- with `probe`, inside the loop (loop_probe): per iteration, the draft calls, the
-  draft-side sampling, the verify call and the acceptance / bookkeeping from host stamps
-  (which slow what they bracket);
+- inside the loop, from XLA's profiler (loop_profile): per iteration, the target's calls,
+  the draft's calls and the loop's own work (sampling, acceptance, bookkeeping), with the
+  heaviest instructions of that work;
 - the compiled while body's copies and transposes (hlo_loops) of the program run.
 """
 
@@ -30,7 +30,7 @@ import numpy as np
 
 from specdec_t5x.algorithm import api, batching, timing
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.research import hlo_loops, loop_ladder, loop_probe, speed
+from specdec_t5x.research import hlo_loops, loop_ladder, loop_profile, speed
 
 ModelAndParams = Any
 
@@ -46,29 +46,18 @@ def _copies(target: ModelAndParams, draft: Optional[ModelAndParams], row: np.nda
   return hlo_loops.loop_traffic(fn.lower(*args).compile().as_text(), smallest).summary()
 
 
-def _probe(target, draft, rows: Sequence[np.ndarray], max_len: int, config: DecodeConfig,
-           repeats: int, expected: Sequence[np.ndarray]) -> Dict[str, Any]:
-  runs = [loop_probe.probed_decode(target, draft, row, max_len=max_len, config=config,
-                                   rng=jax.random.PRNGKey(i)) for i, row in enumerate(rows)]
-  same = sum(int(np.array_equal(run()[0, :len(want)], want))
-             for (run, _), want in zip(runs, expected))
-  return dict(loop_probe.attribute(runs, repeats), probed_tokens_equal=same)
-
-
 def measure(target: ModelAndParams, drafts: Dict[str, ModelAndParams], enc: np.ndarray,
             max_len: int, gammas: Sequence[int], temperatures: Sequence[float],
             repeats: int = 3, cost_calls: int = 32, cost_repeats: int = 5,
-            probe: bool = False, ladder_calls: int = 16, batch: int = 1) -> Dict[str, Any]:
+            ladder_calls: int = 16, batch: int = 1) -> Dict[str, Any]:
   """The rows of results/loop_efficiency for the current matmul (packed kernel or not).
 
   enc [N, L]: the inputs, decoded `batch` rows at a time (N a multiple of it) at their
   length buckets; every call cost, ladder rung and prefill is then a batch's, and the
   loop's target calls are its iterations (speed.Decoder.iterations). `ladder_calls`:
   iterations per timed run of each ladder rung (enough that a run lasts well beyond the
-  machine's jitter: tiny models need thousands). `probe` needs batch 1.
+  machine's jitter: tiny models need thousands).
   """
-  if probe and batch != 1:
-    raise ValueError('The host-stamp probe follows one row: pass batch 1 with probe.')
   rows_in = [batching.trim_batch(enc[i:i + batch]) for i in range(0, len(enc), batch)]
   cost = speed.costs(target, drafts, enc, gammas, cost_calls, cost_repeats, max_len=max_len,
                      batch=batch)
@@ -101,8 +90,7 @@ def measure(target: ModelAndParams, drafts: Dict[str, ModelAndParams], enc: np.n
     group = {'temperature': temp, 'ar_seconds': med['ar'], 'ar_tokens': ar_tokens,
              'ar_loop_s': loop_ladder.loop_seconds(med['ar'], prefill['target'], ar_calls),
              'ar_copies': _copies(target, None, rows_in[0], max_len, base), 'rows': []}
-    if probe:
-      group['ar_probe'] = _probe(target, None, rows_in, max_len, base, repeats, ar.tokens)
+    group['ar_profile'] = loop_profile.profile_rows(target, None, rows_in, max_len, base)
     for (name, g), dec in decs.items():
       s = dec.stats
       spec_tokens = float(s['generated_tokens'].sum())
@@ -130,12 +118,11 @@ def measure(target: ModelAndParams, drafts: Dict[str, ModelAndParams], enc: np.n
           'loop_s': loop_ladder.loop_seconds(med[f'{name}_g{g}'], prefill['target'] + prefill[name],
                                              calls),
           'copies': _copies(target, drafts[name], rows_in[0], max_len, base.replace(gamma=g))}
-      if probe:
-        row['probe_s'] = _probe(target, drafts[name], rows_in, max_len, base.replace(gamma=g),
-                                repeats, dec.tokens)
-        row['alone_s'] = {'draft_calls': cost[f't_draft_refeed_{name}']
-                                         + (g - 1) * cost[f't_draft_step_{name}'],
-                          'verify': cost[f't_verify_{g + 1}']}
+      row['profile'] = loop_profile.profile_rows(target, drafts[name], rows_in, max_len,
+                                                 base.replace(gamma=g))
+      row['alone_s'] = {'draft_calls': cost[f't_draft_refeed_{name}']
+                                       + (g - 1) * cost[f't_draft_step_{name}'],
+                        'verify': cost[f't_verify_{g + 1}']}
       group['rows'].append(row)
     out['groups'].append(group)
   return out
