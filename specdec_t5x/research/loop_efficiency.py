@@ -96,8 +96,9 @@ def measure(target: ModelAndParams, drafts: Dict[str, ModelAndParams], enc: np.n
       spec_tokens = float(s['generated_tokens'].sum())
       calls = float(dec.iterations)
       measured = (med['ar'] / ar_tokens) / (med[f'{name}_g{g}'] / spec_tokens)
-      ideal = speed.ideal_end_to_end(len(rows_in), ar_calls, calls, g,
-                                     cost, name) * (spec_tokens / ar_tokens)
+      ideal_for = lambda costs: speed.ideal_end_to_end(  # pylint: disable=cell-var-from-loop
+          len(rows_in), ar_calls, calls, g, costs, name) * (spec_tokens / ar_tokens)
+      ideal = ideal_for(cost)
       # The same ideal with chained calls (each call's token the argmax of the last, as in
       # any decode; identical calls let XLA hoist the token's embedding and the first
       # layer's input projections out of the timing loop): the call costs scaled by the
@@ -107,8 +108,7 @@ def measure(target: ModelAndParams, drafts: Dict[str, ModelAndParams], enc: np.n
       chained_cost = dict(cost, t_target_step=cost['t_target_step'] * step,
                           **{f't_draft_step_{name}': cost[f't_draft_step_{name}'] * spec,
                              f't_verify_{g + 1}': cost[f't_verify_{g + 1}'] * spec})
-      ideal_chained = speed.ideal_end_to_end(len(rows_in), ar_calls, calls, g, chained_cost,
-                                             name) * (spec_tokens / ar_tokens)
+      ideal_chained = ideal_for(chained_cost)
       row = {
           'draft': name, 'gamma': g,
           'tokens_per_target_call': spec_tokens / float(s['target_calls'].sum()),

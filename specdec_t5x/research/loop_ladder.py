@@ -68,14 +68,14 @@ def _synthetic_loop(target_module, draft_module, gamma: int, verify_tokens: int,
         logits, d_cache = draft_module.apply(
             draft_vars, d_cache, token, jnp.full((b,), i * stride + j, jnp.int32),
             method='extend')
-        acc = acc + logits[0, -1, 0]
+        acc = acc + jnp.sum(logits[:, -1, 0])  # every row's: none is dead code
         if chained:
           token = sampling.argmax(logits[:, -1])[:, None]
       if verify_tokens:
         logits, t_cache = target_module.apply(
             target_vars, t_cache, jnp.tile(token, (1, verify_tokens)),
             jnp.full((b,), i * stride, jnp.int32), method='extend')
-        acc = acc + logits[0, -1, 0]
+        acc = acc + jnp.sum(logits[:, -1, 0])  # every row's: none is dead code
         if chained:
           token = sampling.argmax(logits[:, -1])[:, None]
       return t_cache, d_cache, token, acc
