@@ -19,7 +19,8 @@ costs timed alone, efficiency = measured / ideal; per loop iteration the ladder 
 research/loop_ladder.py (calls alone, chained, both models interleaved, the real loop: the
 losses to chaining, to two models and to the loop's own work); inside the loop, from XLA's
 profiler, the target's calls, the draft's calls and the loop's own work per iteration
-(research/loop_profile.py); and the copies/transposes left in the compiled while body. Writes {--out}.json and {--out}.md.
+(research/loop_profile.py); and the copies/transposes left in the compiled while body.
+Writes {--out}.json and {--out}.md.
 Run on an idle machine: it times.
 """
 

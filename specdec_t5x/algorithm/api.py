@@ -55,7 +55,7 @@ def check_vocab_sizes(target_module, draft_module) -> None:
 
 
 _PACKED: 'collections.OrderedDict[Any, Tuple[list, dict]]' = collections.OrderedDict()
-_PACKED_KEEP = 4  # params trees whose packed kernels stay cached
+_PACKED_KEEP = 4  # params trees whose decode collections (decode_variables) stay cached
 
 
 def decode_variables(module, params) -> dict:

@@ -90,7 +90,7 @@ def measure(target: ModelAndParams, drafts: Dict[str, ModelAndParams], enc: np.n
     group = {'temperature': temp, 'ar_seconds': med['ar'], 'ar_tokens': ar_tokens,
              'ar_loop_s': loop_ladder.loop_seconds(med['ar'], prefill['target'], ar_calls),
              'ar_copies': _copies(target, None, rows_in[0], max_len, base), 'rows': []}
-    group['ar_profile'] = loop_profile.profile_rows(target, None, rows_in, max_len, base)
+    group['ar_profile'] = loop_profile.profile(target, None, rows_in, max_len, base)
     for (name, g), dec in decs.items():
       s = dec.stats
       spec_tokens = float(s['generated_tokens'].sum())
@@ -118,8 +118,8 @@ def measure(target: ModelAndParams, drafts: Dict[str, ModelAndParams], enc: np.n
           'loop_s': loop_ladder.loop_seconds(med[f'{name}_g{g}'], prefill['target'] + prefill[name],
                                              calls),
           'copies': _copies(target, drafts[name], rows_in[0], max_len, base.replace(gamma=g))}
-      row['profile'] = loop_profile.profile_rows(target, drafts[name], rows_in, max_len,
-                                                 base.replace(gamma=g))
+      row['profile'] = loop_profile.profile(target, drafts[name], rows_in, max_len,
+                                            base.replace(gamma=g))
       row['alone_s'] = {'draft_calls': cost[f't_draft_refeed_{name}']
                                        + (g - 1) * cost[f't_draft_step_{name}'],
                         'verify': cost[f't_verify_{g + 1}']}

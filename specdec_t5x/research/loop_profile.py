@@ -12,8 +12,9 @@ it sits:
   outside       everything before and after the loop (encoders, caches, the output)
 
 per loop iteration (a batch's target calls). The runtime's gaps between instructions are
-in none of them (compare their sum with the loop's unprofiled time per iteration). An instruction XLA created without source
-metadata (some dots, copies) takes the category of an operand that has one. A fusion is
+in none of them (compare their sum with the loop's unprofiled time per iteration). An
+instruction XLA created without source metadata (some dots, copies) takes the category of
+an operand that has one. A fusion is
 one instruction: where XLA fused loop work into a model call (or back), its time goes to
 its root's side. The profiler's per-instruction markers slow each instruction a little,
 so read shares and differences, not timers of record; the decode's tokens are those of
@@ -98,11 +99,10 @@ def _trace_events(log_dir: str):
     return [e for e in json.load(f)['traceEvents'] if e.get('ph') == 'X']
 
 
-def profile(target, draft, rows: Sequence[np.ndarray], max_len: int, config: DecodeConfig,
-            top: int = 6) -> Dict[str, Any]:
-  """Profiles one decode of each batch in `rows` (the same program for all: give them one
-  shape). -> {'iterations', 'per_iteration_s': {part: seconds}, 'outside_s' (per decode),
-  'top_loop_work': [[op_name, seconds per iteration]] (the `top` largest)}."""
+def _profile_shape(target, draft, rows: Sequence[np.ndarray], max_len: int,
+                   config: DecodeConfig) -> Tuple[int, Dict[str, float], Dict[str, float]]:
+  """One decode of each batch in `rows` (one shape: one program) under the profiler ->
+  (loop iterations, seconds summed by category, loop work's seconds by op_name)."""
   def named(name, fn):
     def call(*args):
       with jax.named_scope(SCOPES[name]):
@@ -115,8 +115,6 @@ def profile(target, draft, rows: Sequence[np.ndarray], max_len: int, config: Dec
   d_vars = None if draft is None else api.decode_variables(*draft)
   calls = [(t_vars, d_vars, jnp.asarray(r), jax.random.PRNGKey(i), jnp.int32(1))
            for i, r in enumerate(rows)]
-  if len({c[2].shape for c in calls}) != 1:
-    raise ValueError('profile: give every batch of rows one shape (one program).')
   cat, opcode, op_name = categories(fn.lower(*calls[0]).compile().as_text())
   iterations = 0
   for args in calls:  # compiled and warm before the trace
@@ -139,29 +137,30 @@ def profile(target, draft, rows: Sequence[np.ndarray], max_len: int, config: Dec
     total[cat[name]] += seconds
     if cat[name] == 'loop_work':
       heavy[op_name.get(name, name).split('/while/body/')[-1]] += seconds
-  return {'iterations': iterations,
-          'per_iteration_s': {p: total[p] / max(iterations, 1) for p in PARTS},
-          'outside_s': total['outside'] / len(calls),
-          'top_loop_work': [[k, v / max(iterations, 1)]
-                            for k, v in sorted(heavy.items(), key=lambda kv: -kv[1])[:top]]}
+  return iterations, total, heavy
 
 
-def profile_rows(target, draft: Optional[Any], rows: Sequence[np.ndarray], max_len: int,
-                 config: DecodeConfig) -> Dict[str, Any]:
-  """`profile` of rows of several shapes (length buckets): each shape profiled on its own,
-  parts summed over iterations."""
+def profile(target, draft: Optional[Any], rows: Sequence[np.ndarray], max_len: int,
+            config: DecodeConfig, top: int = 6) -> Dict[str, Any]:
+  """Profiles one decode of each batch in `rows`; batches of one shape (length bucket)
+  share a program and a trace (instruction names are per program). -> {'iterations',
+  'per_iteration_s': {part: seconds}, 'outside_s' (per decode), 'top_loop_work':
+  [[op_name, seconds per iteration]] (the `top` largest)}."""
   by_shape: Dict[Tuple[int, ...], list] = collections.defaultdict(list)
   for r in rows:
     by_shape[np.shape(r)].append(r)
-  parts = [profile(target, draft, group, max_len, config) for group in by_shape.values()]
-  n = sum(p['iterations'] for p in parts)
+  iterations = 0
+  total: Dict[str, float] = collections.defaultdict(float)
   heavy: Dict[str, float] = collections.defaultdict(float)
-  for p in parts:
-    for k, v in p['top_loop_work']:
-      heavy[k] += v * p['iterations'] / max(n, 1)
-  return {'iterations': n,
-          'per_iteration_s': {k: sum(p['per_iteration_s'][k] * p['iterations'] for p in parts)
-                              / max(n, 1) for k in PARTS},
-          'outside_s': sum(p['outside_s'] * len(g) for p, g in zip(parts, by_shape.values()))
-                       / max(len(rows), 1),
-          'top_loop_work': [[k, v] for k, v in sorted(heavy.items(), key=lambda kv: -kv[1])[:6]]}
+  for group in by_shape.values():
+    n, seconds, parts = _profile_shape(target, draft, group, max_len, config)
+    iterations += n
+    for totals, add in ((total, seconds), (heavy, parts)):
+      for k, v in add.items():
+        totals[k] += v
+  per = max(iterations, 1)
+  return {'iterations': iterations,
+          'per_iteration_s': {p: total[p] / per for p in PARTS},
+          'outside_s': total['outside'] / max(len(rows), 1),
+          'top_loop_work': [[k, v / per]
+                            for k, v in sorted(heavy.items(), key=lambda kv: -kv[1])[:top]]}
