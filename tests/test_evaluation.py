@@ -119,6 +119,29 @@ def test_costs_measure_calls_and_prefill_separately(models):
                          np.asarray(run({'params': doubled}, e, 0)))
 
 
+def test_timed_calls_are_chained_like_a_decode(models):
+  """call_costs' program feeds each call the argmax of the last call's logits (a decode's
+  dependence), not one fixed token; its result is every call's last logit, plus the cache."""
+  (module, params), _, enc = models
+  e = jnp.asarray(enc[:2])
+  variables = {'params': params}
+  cache_len, k = 12, 2
+  run = timing._repeated_extend(module, k, cache_len)  # pylint: disable=protected-access
+  encoded = module.apply(variables, e, method='encode')
+  cache = module.apply(variables, encoded, e, cache_len, method='init_cache')
+  seen = sum(jnp.sum(x) for x in jax.tree_util.tree_leaves(cache)
+             if jnp.issubdtype(x.dtype, jnp.floating))
+  tokens, want, fed = jnp.full((2, k), 3, jnp.int32), seen, []
+  for i in range(3):
+    fed.append(np.asarray(tokens))
+    logits, cache = module.apply(variables, cache, tokens, jnp.full((2,), i, jnp.int32),
+                                 method='extend')
+    want = want + logits[:, -1, 0]
+    tokens = sampling.argmax(logits)
+  assert any((f != 3).any() for f in fed[1:])  # the chain moved off the first token
+  np.testing.assert_allclose(np.asarray(run(variables, e, 3)), np.asarray(want), rtol=1e-5)
+
+
 def test_ideal_end_to_end_counts_prefill():
   cost = {'t_prefill_target': 5.0, 't_prefill_draft_d': 1.0, 't_target_step': 1.0,
           't_draft_step_d': 0.1, 't_verify_3': 1.5}
@@ -129,6 +152,10 @@ def test_ideal_end_to_end_counts_prefill():
   # Without prefill it is the paper's ideal: tokens/call * t_t / (g t_d + t_v).
   assert speed.ideal_end_to_end(2, 20, 8, 2, no_prefill, 'd') == pytest.approx(
       (20 / 8) * 1.0 / (2 * 0.1 + 1.5))
+  # As the loop makes the calls: each step's first draft call the 2-token re-feed.
+  made = dict(cost, t_draft_refeed_d=0.16)
+  assert speed.ideal_end_to_end(2, 20, 8, 2, made, 'd', refeed=True) == pytest.approx(
+      (2 * 5.0 + 20 * 1.0) / (2 * 6.0 + 8 * (0.16 + 0.1 + 1.5)))
 
 
 def test_speedup_table_runs_a_paper_row_config(env, tmp_path):

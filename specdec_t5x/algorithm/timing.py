@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import api
+from specdec_t5x.algorithm import api, sampling
 
 
 def block(x):
@@ -37,7 +37,15 @@ MIN_ROUNDS = 5  # per_call_seconds' fewest timed rounds, whatever `repeats` asks
 
 def _repeated_extend(module, num_tokens: int, cache_len: int):
   """A jitted fn(variables, enc, num_calls) that encodes, builds the cache and runs
-  `num_calls` cached calls of `num_tokens` tokens.
+  `num_calls` cached calls of `num_tokens` tokens, chained as in a decode: each call's
+  tokens are the argmax of the call before at every position.
+
+  Chained, because identical calls are not a decode's: with fixed tokens XLA hoists the
+  token's embedding and the first layer's input projections out of the timed loop, and
+  may start one call before the last has finished (its inputs do not wait on the logits),
+  so a loop of them measures a call cheaper than any decode can run it. The argmax (a
+  vocabulary-sized reduction every greedy decode does too) also makes every logit live,
+  so no part of the output layer is dead code.
 
   `num_calls` is traced, so ONE compiled program serves every count, 0 included (compile
   time per shape dominates on an accelerator). The result depends on the cache even for
@@ -66,13 +74,13 @@ def _extend_loop(module, num_tokens: int, cache_len: int):
                 if jnp.issubdtype(x.dtype, jnp.floating)), jnp.float32(0.0))
 
     def body(i, carry):
-      cache, acc = carry
+      cache, tokens, acc = carry
       logits, cache = module.apply(variables, cache, tokens,
                                    jnp.full((enc.shape[0],), i, jnp.int32), *extra,
                                    method='extend')[:2]
-      return cache, acc + logits[:, -1, 0].astype(jnp.float32)
+      return cache, sampling.argmax(logits), acc + logits[:, -1, 0].astype(jnp.float32)
     acc0 = jnp.zeros((enc.shape[0],), jnp.float32) + seen
-    return jax.lax.fori_loop(0, num_calls, body, (cache, acc0))[1]
+    return jax.lax.fori_loop(0, num_calls, body, (cache, tokens, acc0))[2]
   return run
 
 
@@ -80,7 +88,8 @@ def call_costs(specs: Dict[str, tuple], enc, num_calls: int = 32, repeats: int =
                cache_len: int = 0) -> Dict[str, float]:
   """Seconds of ONE cached decoder call, for several (module, params, num_tokens).
 
-  Each is measured by per_call_seconds: num_calls calls against 0 calls of one compiled
+  Each is measured by per_call_seconds: num_calls chained calls (each call's tokens the
+  argmax of the last, as in a decode: _repeated_extend) against 0 calls of one compiled
   program, so the encoder and cache set-up cancel, the repeats interleaved across all
   `specs` so that their ratios (c, t_verify / t_target) stay comparable. `cache_len`: the
   cache's slots (0: just enough); give the decode's own (max_len + gamma + 1) to include

@@ -5,12 +5,12 @@ For each draft, temperature and gamma, at one batch size (1: each input alone) o
 same inputs:
 - measured: AR time / speculative time per generated token (timed interleaved);
 - ideal end to end: speed.ideal_end_to_end from the calls each loop made and the call
-  costs measured alone (speed.costs, plus the draft's 2-token re-feed call);
-- efficiency = measured / ideal; and the same from the ladder's chained rungs (a call's cost
-  when its token comes from the last call, as in any decode: identical calls let XLA hoist
-  the token's embedding and the first layer's input projections out of the timed loop);
-- the ladder (loop_ladder): per iteration, the calls timed alone, chained (each call's
-  token from the last call's argmax), one synthetic iteration of both models' calls, and
+  costs of speed.costs (each call's tokens the argmax of the last, as in any decode:
+  timing.call_costs), the paper's gamma one-token draft calls per step;
+- efficiency = measured / ideal; and the same with the draft calls as the loop makes
+  them ("as made": each step's first draft call the 2-token re-feed, timed too);
+- the ladder (loop_ladder): per iteration, the calls timed alone as identical calls, chained
+  (each call's token from the last call's argmax), one synthetic iteration of both models' calls, and
   the real loop: the losses to chaining, to interleaving two models and to the loop's own
   work;
 - inside the loop, from XLA's profiler (loop_profile): per iteration, the target's calls,
@@ -96,25 +96,17 @@ def measure(target: ModelAndParams, drafts: Dict[str, ModelAndParams], enc: np.n
       spec_tokens = float(s['generated_tokens'].sum())
       calls = float(dec.iterations)
       measured = (med['ar'] / ar_tokens) / (med[f'{name}_g{g}'] / spec_tokens)
-      ideal_for = lambda costs: speed.ideal_end_to_end(  # pylint: disable=cell-var-from-loop
-          len(rows_in), ar_calls, calls, g, costs, name) * (spec_tokens / ar_tokens)
-      ideal = ideal_for(cost)
-      # The same ideal with chained calls (each call's token the argmax of the last, as in
-      # any decode; identical calls let XLA hoist the token's embedding and the first
-      # layer's input projections out of the timing loop): the call costs scaled by the
-      # ladder's chained / alone ratios (one ladder, one cache length, so ratios compare).
-      lad, lad_ar = out['ladder_s'][f'{name}_g{g}'], out['ladder_s']['ar']
-      step, spec = lad_ar['chained'] / lad_ar['alone'], lad['chained'] / lad['alone']
-      chained_cost = dict(cost, t_target_step=cost['t_target_step'] * step,
-                          **{f't_draft_step_{name}': cost[f't_draft_step_{name}'] * spec,
-                             f't_verify_{g + 1}': cost[f't_verify_{g + 1}'] * spec})
-      ideal_chained = ideal_for(chained_cost)
+      ideal = speed.ideal_end_to_end(len(rows_in), ar_calls, calls, g, cost, name) * (
+          spec_tokens / ar_tokens)
+      # The calls as the loop makes them: each step's first draft call the 2-token re-feed.
+      as_made = speed.ideal_end_to_end(len(rows_in), ar_calls, calls, g, cost, name,
+                                       refeed=True) * (spec_tokens / ar_tokens)
       row = {
           'draft': name, 'gamma': g,
           'tokens_per_target_call': spec_tokens / float(s['target_calls'].sum()),
           'speedup_measured': measured, 'speedup_ideal_end_to_end': ideal,
           'efficiency_end_to_end': measured / ideal,
-          'speedup_ideal_chained': ideal_chained, 'efficiency_chained': measured / ideal_chained,
+          'speedup_ideal_as_made': as_made, 'efficiency_as_made': measured / as_made,
           'loop_s': loop_ladder.loop_seconds(med[f'{name}_g{g}'], prefill['target'] + prefill[name],
                                              calls),
           'copies': _copies(target, drafts[name], rows_in[0], max_len, base.replace(gamma=g))}

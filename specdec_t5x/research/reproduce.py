@@ -248,11 +248,11 @@ def _loop_efficiency(d):
     rows = [r for g in res['groups'] for r in g['rows'] if r['draft'] != 'self']
     drafts |= {r['draft'] for r in rows}
     eff = [r['efficiency_end_to_end'] for r in rows]
-    chained = [r['efficiency_chained'] for r in rows if 'efficiency_chained' in r]
+    made = [r['efficiency_as_made'] for r in rows if 'efficiency_as_made' in r]
     parts.append(f"{matmul}: efficiency {min(eff):.2f}-{max(eff):.2f} "
                  f"(median {statistics.median(eff):.2f}"
-                 + (f"; chained {min(chained):.2f}-{max(chained):.2f}, median "
-                    f"{statistics.median(chained):.2f})" if chained else ')'))
+                 + (f"; with the draft calls as made {min(made):.2f}-{max(made):.2f}, median "
+                    f"{statistics.median(made):.2f})" if made else ')'))
   args = d['args']
   gammas = sorted(args['gammas'])
   span = f'{gammas[0]}-{gammas[-1]}' if len(gammas) > 1 else f'{gammas[0]}'

@@ -89,17 +89,23 @@ def costs(target: ModelAndParams, drafts_: Dict[str, ModelAndParams], enc: np.nd
 
 
 def ideal_end_to_end(num_sequences: int, ar_calls: float, spec_calls: float, gamma: int,
-                     cost: Dict[str, float], draft: str) -> float:
+                     cost: Dict[str, float], draft: str, refeed: bool = False) -> float:
   """AR time / speculative time predicted from call costs alone, per-sequence prefill
   (encoder + cache) included: (n P_t + N_ar t_t) / (n (P_t + P_d) + N_spec (g t_d + t_v)).
 
   The paper's ideal (theory.ideal_speedup) leaves out the prefill, which both methods pay
   once per sequence; at batch 1 on a CPU it is a sizeable share of short decodes.
+  `refeed`: the draft calls as the loop makes them, the first of each step the 2-token
+  catch-up (cost['t_draft_refeed_{draft}']; the last draft of a fully accepted block was
+  never fed) instead of g one-token calls.
   """
   pre_t, pre_d = cost['t_prefill_target'], cost[f't_prefill_draft_{draft}']
   t_t, t_d, t_v = cost['t_target_step'], cost[f't_draft_step_{draft}'], cost[f't_verify_{gamma + 1}']
+  drafting = gamma * t_d
+  if refeed:
+    drafting = cost[f't_draft_refeed_{draft}'] + (gamma - 1) * t_d
   ar = num_sequences * pre_t + ar_calls * t_t
-  spec = num_sequences * (pre_t + pre_d) + spec_calls * (gamma * t_d + t_v)
+  spec = num_sequences * (pre_t + pre_d) + spec_calls * (drafting + t_v)
   return ar / spec
 
 
