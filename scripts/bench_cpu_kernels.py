@@ -1,20 +1,24 @@
-"""The packed CPU matmul (algorithm/cpu_kernels) against XLA's dot, on the demo family.
+"""The packed CPU matmul (algorithm/cpu_kernels) against XLA's dot, on the demo family: its
+bfloat16 panels (the default for weights bfloat16 holds exactly, as the demo family's,
+restored from bfloat16 checkpoints) and float32 panels (SPECDEC_CPU_KERNELS=f32).
 
   flock /tmp/specdec_bench.lock python scripts/bench_cpu_kernels.py [--rows=40] \
       [--gamma=3] [--max_len=64] [--repeats=5]
 
-Run on an idle machine. Two measurements, each with XLA's dot and with the packed kernel:
+Run on an idle machine. Three measurements, each with XLA's dot and with the packed kernel's
+float32 and bfloat16 panels:
 1. per-call costs (timing.call_costs at the demo's bucket and cache sizes: a one-token
    target step, a draft step, the gamma+1-position verify call, the prefill), from which
    c = t_draft / t_target and r = t_verify / t_target, and the paper's ideal speedup
    (tokens per call) / (gamma c + r) at the measured tokens per call;
 2. AR and speculative decoding of the first `rows` demo EN->DE test sentences, each alone
-   (batch 1, greedy), all four runs interleaved in one process (SPECDEC_CPU_KERNELS
+   (batch 1, greedy), all six runs interleaved in one process (SPECDEC_CPU_KERNELS
    toggled between them; the median of --repeats). Every output is checked equal to
    XLA's AR output.
 3. the same per-call costs for random-weight T5 v1.1 targets of --sizes (default small and
-   base, float32), whose decoder weights (~200 MB, ~700 MB) are far beyond the 32 MB cache
-   where the demo target's (41 MB) nearly fit: the verify/step ratio r at real sizes.
+   base; float32 weights with bfloat16 values, as restored from a bfloat16 checkpoint),
+   whose decoder weights (~200 MB, ~700 MB in float32) dwarf the demo target's (41 MB):
+   the verify/step ratio r at real sizes.
 Writes results/cpu_kernels.{json,md}.
 """
 
@@ -24,14 +28,14 @@ import contextlib
 import json
 import os
 
-import numpy as np
-
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec_t5x.algorithm import network, timing
 from specdec_t5x.research import demo_data, evaluation, harness, speed
 
-MODES = {'xla': '0', 'packed': '1'}
+MODES = {'xla': '0', 'packed f32': 'f32', 'packed': '1'}  # 'packed': bfloat16 panels
 
 
 @contextlib.contextmanager
@@ -93,7 +97,8 @@ def main(argv=None):
   sizes = []
   for size in [x for x in args.sizes.split(',') if x]:
     module = network.Transformer(network.t5_1_1_config(size, dtype='float32'))
-    model = (module, timing.random_params(module, dtype=jnp.float32))
+    params = timing.random_params(module, dtype=jnp.bfloat16)  # bfloat16 values, float32
+    model = (module, jax.tree_util.tree_map(lambda x: x.astype(jnp.float32), params))
     row = dict(size=size)
     for mode in MODES:
       with kernels(mode):
@@ -120,23 +125,25 @@ def main(argv=None):
                       f"{r[verify]:.3f}", f"{r['t_prefill_target']:.2f}",
                       f"{r['t_prefill_draft_m']:.2f}", f"{r['c']:.3f}", f"{r['r']:.2f}",
                       f"{r['ideal']:.2f}x"] for r in cost_rows], 'lrrrrrrrr') +
-      ['', f'Decoding the first {args.rows} demo EN->DE test sentences one at a time, the four '
+      ['', f'Decoding the first {args.rows} demo EN->DE test sentences one at a time, the {len(fns)} '
        f'runs interleaved (median of {args.repeats}):', ''] +
       harness.table(['run', 'seconds', 'speed vs AR xla', 'tokens/call', 'output == AR xla'],
                     [[name, f"{r['seconds']:.3f}", f"{r['speedup_vs_ar']:.2f}x",
                       f"{r['mean_tokens_per_target_call']:.2f}", r['equal_to_ar']]
                      for name, r in results.items()], 'lrrrl') +
-      ['', 'Speculative over AR with the same matmul: ' + ', '.join(
+      ['', '"packed": bfloat16 panels (the default: the demo family\'s weights are bfloat16 '
+       'values), "packed f32": float32 panels (SPECDEC_CPU_KERNELS=f32); both give bitwise '
+       'the same products.', '',
+       'Speculative over AR with the same matmul: ' + ', '.join(
           f'{mode} {v:.2f}x' for mode, v in e2e.items()) + '.', '',
-       f'Random-weight T5 v1.1 targets (float32, the demo\'s first input, cache for '
-       f'{args.max_len} tokens): one-token step and {args.gamma + 1}-position verify call.', ''] +
-      harness.table(['size', 'step xla (ms)', f'verify {args.gamma + 1} xla (ms)', 'r xla',
-                     'step packed (ms)', f'verify {args.gamma + 1} packed (ms)', 'r packed'],
-                    [[r['size'], f"{r['xla']['t_target_step']:.2f}", f"{r['xla'][verify]:.2f}",
-                      f"{r['r_xla']:.2f}", f"{r['packed']['t_target_step']:.2f}",
-                      f"{r['packed'][verify]:.2f}", f"{r['r_packed']:.2f}"] for r in sizes],
-                    'lrrrrrr'))
-
+       f'Random-weight T5 v1.1 targets (float32 weights of bfloat16 values, the demo\'s first '
+       f'input, cache for {args.max_len} tokens): one-token step and {args.gamma + 1}-position '
+       'verify call (ms), and r = verify / step.', ''] +
+      harness.table(['size'] + [f'{h} {mode}' for mode in MODES
+                                for h in ('step', f'verify {args.gamma + 1}', 'r')],
+                    [[r['size']] + [x for mode in MODES for x in (
+                        f"{r[mode]['t_target_step']:.2f}", f"{r[mode][verify]:.2f}",
+                        f"{r[f'r_{mode}']:.2f}")] for r in sizes], 'l' + 'rrr' * len(MODES)))
 
 if __name__ == '__main__':
   main()

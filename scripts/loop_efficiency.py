@@ -31,6 +31,7 @@ import sys
 from typing import List
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
@@ -53,9 +54,10 @@ def _tiny():
 def _random_t5_1_1(size: str, num_examples: int):
   """A random-weight T5 v1.1 target of `size`, a small random draft of its vocabulary, and
   random inputs (24 tokens): the accounting at a real model's shapes."""
-  def model(cfg, seed):
+  def model(cfg, seed):  # float32 weights of bfloat16 values, as a T5X checkpoint restores
     module = network.Transformer(cfg)
-    return module, timing.random_params(module, seed, dtype=np.float32)
+    params = timing.random_params(module, seed, dtype=jnp.bfloat16)
+    return module, jax.tree_util.tree_map(lambda x: x.astype(jnp.float32), params)
   target = model(network.t5_1_1_config(size), 0)
   draft = model(network.t5_1_1_config(size, emb_dim=256, num_heads=4, num_encoder_layers=2,
                                       num_decoder_layers=2, mlp_dim=1024), 1)

@@ -64,6 +64,57 @@ def test_leading_dimensions_and_bad_shapes():
     cpu_kernels.matmul(jnp.asarray(x[..., :16]), cpu_kernels.pack(jnp.asarray(w)), 40)
 
 
+def _bf16_valued(shape, seed):
+  """float32 values that bfloat16 holds exactly (as restored from a bfloat16 checkpoint)."""
+  w = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+  return np.array(jnp.asarray(w).astype(jnp.bfloat16).astype(jnp.float32))
+
+
+@pytest.mark.parametrize('k,n', [(5, 1), (64, 15), (64, 17), (384, 100), (128, 1000)])
+def test_bf16_panels_give_the_float32_panels_products_bitwise(k, n):
+  """bfloat16 panels are widened to the very float32 weights: the same products, bit for bit,
+  for any number of rows (every tile) and widths that end inside a panel."""
+  w = _bf16_valued((k, n), k + n)
+  assert bool(cpu_kernels.holds_in_bf16(jnp.asarray(w)))
+  p32, p16 = cpu_kernels.pack(jnp.asarray(w)), cpu_kernels.pack(jnp.asarray(w), bf16=True)
+  assert p16.dtype == jnp.bfloat16 and p16.shape == p32.shape
+  # The interleaved layout: p[j, k, 2 i + h] = w[k, 16 j + 8 h + i].
+  np.testing.assert_array_equal(np.asarray(p16[0, :, 1].astype(jnp.float32)),
+                                np.asarray(p32[0, :, 8]))
+  x = np.random.default_rng(k).standard_normal((13, k)).astype(np.float32)
+  for m in (1, 2, 3, 4, 5, 8, 13):
+    got = jax.jit(cpu_kernels.matmul, static_argnums=2)(jnp.asarray(x[:m]), p16, n)
+    want = jax.jit(cpu_kernels.matmul, static_argnums=2)(jnp.asarray(x[:m]), p32, n)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_bf16_panels_without_avx512_tiles_give_the_same_products():
+  """Where the CPU has AVX-512, calls of 2+ rows on bfloat16 panels use its tiles; the AVX2
+  tiles (every other x86-64 CPU) must give the same bits: run them in a child process."""
+  code = (
+      'import jax, jax.numpy as jnp, numpy as np\n'
+      'from specdec_t5x.algorithm import cpu_kernels as ck\n'
+      'rng = np.random.default_rng(7)\n'
+      'w = jnp.asarray(rng.standard_normal((96, 200)), jnp.bfloat16).astype(jnp.float32)\n'
+      'x = jnp.asarray(rng.standard_normal((9, 96)), jnp.float32)\n'
+      'print(np.asarray(ck.matmul(x, ck.pack(w, bf16=True), 200)).tobytes().hex())\n')
+  rng = np.random.default_rng(7)
+  w = jnp.asarray(rng.standard_normal((96, 200)), jnp.bfloat16).astype(jnp.float32)
+  x = jnp.asarray(rng.standard_normal((9, 96)), jnp.float32)
+  want = np.asarray(cpu_kernels.matmul(x, cpu_kernels.pack(w), 200)).tobytes().hex()
+  for avx512 in ('0', '1'):
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                         env=dict(os.environ, SPECDEC_CPU_KERNELS_AVX512=avx512), check=True)
+    assert out.stdout.strip().splitlines()[-1] == want, avx512
+
+
+def test_holds_in_bf16_only_for_bfloat16_values():
+  w = _bf16_valued((8, 8), 0)
+  assert bool(cpu_kernels.holds_in_bf16(jnp.asarray(w)))
+  w[3, 4] += np.float32(2.0 ** -20) * max(1.0, abs(float(w[3, 4])))  # below bfloat16's step
+  assert not bool(cpu_kernels.holds_in_bf16(jnp.asarray(w)))
+
+
 def _tiny(logits_via_embedding, dtype='float32'):
   cfg = network.T5Config(vocab_size=300, dtype=dtype, emb_dim=48, num_heads=2, num_encoder_layers=1,
                          num_decoder_layers=2, head_dim=16, mlp_dim=80,
@@ -114,6 +165,27 @@ def test_generate_uses_the_kernels_once_per_params_and_matches_xla(monkeypatch):
   plain = api.generate((module, params), enc, max_decode_length=10)
   np.testing.assert_array_equal(fast.tokens, ar_fast.tokens)  # greedy: exact either way
   np.testing.assert_array_equal(ar_fast.tokens, plain.tokens)
+
+
+def test_params_restored_from_bfloat16_decode_with_bf16_panels_and_the_same_tokens(monkeypatch):
+  """Params that bfloat16 holds exactly get bfloat16 panels (half the bytes per call) and
+  decode to the very tokens of float32 panels; other params, or SPECDEC_CPU_KERNELS=f32,
+  get float32 panels."""
+  module, params, enc = _tiny(True)
+  assert not bool(network.kernels_hold_in_bf16(params))  # a float32 init
+  dtypes = lambda v: {str(x.dtype) for x in jax.tree_util.tree_leaves(v[cpu_kernels.COLLECTION])}
+  assert dtypes(api.decode_variables(module, params)) == {'float32'}
+  restored = jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16).astype(jnp.float32), params)
+  assert bool(network.kernels_hold_in_bf16(restored))
+  assert dtypes(api.decode_variables(module, restored)) == {'bfloat16'}
+  run = lambda **kw: api.generate((module, restored), enc, max_decode_length=10, **kw).tokens
+  half = [run(), run(draft=(module, restored), gamma=3)]
+  monkeypatch.setenv('SPECDEC_CPU_KERNELS', 'f32')
+  assert dtypes(api.decode_variables(module, restored)) == {'float32'}
+  full = [run(), run(draft=(module, restored), gamma=3)]
+  for a, b in zip(half, full):
+    np.testing.assert_array_equal(a, b)
+  np.testing.assert_array_equal(half[0], half[1])  # greedy speculative == AR, as always
 
 
 def test_packing_inside_a_trace_is_never_cached():

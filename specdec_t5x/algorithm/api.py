@@ -63,11 +63,14 @@ def decode_variables(module, params) -> dict:
   network.Transformer on the CPU backend, one more collection made once per params tree and
   cached while it lives: its packed decode kernels (network.decode_kernels) where the
   packed matmul is usable (cpu_kernels.enabled()), else, for tied logits, the token
-  embedding transposed (network.transposed_embedding) for XLA's dot.
+  embedding transposed (network.transposed_embedding) for XLA's dot. The panels are
+  bfloat16 where bfloat16 holds every weight exactly (network.kernels_hold_in_bf16: a
+  model restored from a bfloat16 checkpoint; cpu_kernels.bf16_panels()), else float32.
 
   Only concrete values are cached. Called inside an outer trace (generate under jit/pjit,
   as T5X's infer calls the model), the collection is staged into that trace even for
-  concrete params, and its values must not outlive it: they are made per call there.
+  concrete params, and its values must not outlive it: they are made per call there (with
+  float32 panels: a traced weight's values cannot be checked).
 
   Params spread over more than one device (`_devices_holding`) get neither: packing would
   gather every weight onto each device and each would compute the whole model, so XLA's
@@ -83,12 +86,15 @@ def decode_variables(module, params) -> dict:
     if kind == cpu_kernels.COLLECTION:
       _log_sharded(spread)
     return variables
-  key = (kind,) + tuple(id(x) for x in leaves)  # the collection depends on the params alone
+  bf16 = kind == cpu_kernels.COLLECTION and cpu_kernels.bf16_panels()
+  key = (kind, bf16) + tuple(id(x) for x in leaves)  # the collection depends on the params
   hit = _PACKED.get(key)
   if hit is None or any(ref() is not x for ref, x in zip(hit[0], leaves)):
     made = _MAKE[kind](params)
     if any(_is_traced(x) for x in jax.tree_util.tree_leaves(made)):
-      return dict(variables, **{kind: made})  # inside a trace
+      return dict(variables, **{kind: made})  # inside a trace (float32 panels)
+    if bf16 and bool(_HOLDS_IN_BF16(params)):
+      made = _MAKE_BF16(params)  # bitwise the same products, half the bytes per call
     try:
       refs = [weakref.ref(x) for x in leaves]
     except TypeError:  # leaves without weak references: made every call
@@ -102,6 +108,8 @@ def decode_variables(module, params) -> dict:
 
 _MAKE = {cpu_kernels.COLLECTION: jax.jit(network.decode_kernels),
          layers.TRANSPOSED: jax.jit(network.transposed_embedding)}
+_MAKE_BF16 = jax.jit(functools.partial(network.decode_kernels, bf16=True))
+_HOLDS_IN_BF16 = jax.jit(network.kernels_hold_in_bf16)
 
 
 def _decode_collection(module) -> Optional[str]:

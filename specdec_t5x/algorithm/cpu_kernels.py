@@ -12,11 +12,20 @@ dimension, in order, from zero, whatever the number of rows or the tile that com
 a row's result is bitwise independent of the other rows in the call (tests/test_cpu_kernels).
 It differs from XLA's dot by float32 rounding only (~1e-6 relative).
 
+Weights that bfloat16 holds exactly (every float32 weight of a model restored from a
+bfloat16 checkpoint, as T5X's usually are) can be packed as bfloat16 (`pack(w, bf16=True)`):
+the kernel widens them back to the same float32 values, so the products are bitwise those
+of the float32 panels, and a call reads half the bytes. A one-row call is then still bound
+by those bytes, a (gamma + 1)-row verify call by the multiply-adds: where the CPU has
+AVX-512 (F and BW), calls of 2+ rows on bfloat16 panels use 16-wide tiles
+(SPECDEC_CPU_KERNELS_AVX512=0 keeps the AVX2 ones; the same bits either way).
+
 Used by network.Dense / Embed.attend when the decode variables carry the COLLECTION
 (network.decode_kernels, api.generate): float32 models on the CPU backend. Built on first
 use with the system C++ compiler (g++ or $CXX) into a per-user cache directory
 ($SPECDEC_KERNEL_CACHE, else $XDG_CACHE_HOME/specdec_t5x, else ~/.cache/specdec_t5x),
-written atomically under a file lock. When it can't be used -- SPECDEC_CPU_KERNELS=0, not
+written atomically under a file lock (SPECDEC_CPU_KERNELS=f32 keeps float32 panels for every
+weight, for comparisons). When it can't be used -- SPECDEC_CPU_KERNELS=0, not
 x86-64 with AVX2 and FMA, no compiler, another backend -- `enabled()` is False, the reason
 is logged once, and decoding uses XLA's dot as before.
 """
@@ -42,6 +51,7 @@ import jax.numpy as jnp
 COLLECTION = 'cpu_packed'  # the Flax variable collection holding packed weights
 PANEL = 16  # columns per panel (cpu_kernels.cc kPanel)
 _TARGET = 'specdec_panel_matmul'
+_TARGET_BF16 = 'specdec_panel_matmul_bf16'
 _SOURCE = importlib.resources.files('specdec_t5x.algorithm').joinpath('cpu_kernels.cc')
 _FLAGS = ('-O3', '-mavx2', '-mfma', '-std=c++17', '-shared', '-fPIC')
 
@@ -109,6 +119,8 @@ def _status() -> Tuple[bool, str]:
   lib = ctypes.cdll.LoadLibrary(path)
   jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(lib.SpecdecPanelMatmul),
                               platform='cpu')
+  jax.ffi.register_ffi_target(_TARGET_BF16, jax.ffi.pycapsule(lib.SpecdecPanelMatmulBf16),
+                              platform='cpu')
   return True, path
 
 
@@ -125,27 +137,50 @@ def enabled() -> bool:
   return ok
 
 
+def bf16_panels() -> bool:
+  """Whether weights that bfloat16 holds exactly are packed as bfloat16 panels (the same
+  products, half the bytes): yes unless SPECDEC_CPU_KERNELS=f32 (benchmarks compare)."""
+  return os.environ.get('SPECDEC_CPU_KERNELS', '1') != 'f32'
+
+
 @functools.lru_cache(maxsize=None)
 def _log_once(why: str) -> None:
   logging.warning('specdec_t5x: the packed CPU matmul is off (%s); decoding uses XLA dot.', why)
 
 
-def pack(w: jax.Array) -> jax.Array:
-  """Kernel [K, N] -> panels [ceil(N / 16), K, 16], zero-padded beyond N."""
+def holds_in_bf16(w: jax.Array) -> jax.Array:
+  """Scalar bool: every entry of float32 `w` is a bfloat16 value (packing it as bfloat16
+  loses nothing)."""
+  return jnp.all(w.astype(jnp.bfloat16).astype(w.dtype) == w)
+
+
+def pack(w: jax.Array, bf16: bool = False) -> jax.Array:
+  """Kernel [K, N] -> panels [ceil(N / 16), K, 16], zero-padded beyond N: float32, or with
+  `bf16` bfloat16 with each panel row's halves interleaved (p[j, k, 2 i + h] =
+  w[k, 16 j + 8 h + i], as cpu_kernels.cc reads them). Only for weights that
+  `holds_in_bf16`: others would be rounded."""
   k, n = w.shape
   panels = -(-n // PANEL)
   w = jnp.pad(w.astype(jnp.float32), ((0, 0), (0, panels * PANEL - n)))
-  return w.reshape(k, panels, PANEL).transpose(1, 0, 2)
+  if not bf16:
+    return w.reshape(k, panels, PANEL).transpose(1, 0, 2)
+  half = PANEL // 2
+  return (w.reshape(k, panels, 2, half).transpose(1, 0, 3, 2).reshape(panels, k, PANEL)
+          .astype(jnp.bfloat16))
 
 
 def matmul(x: jax.Array, packed: jax.Array, features: int) -> jax.Array:
-  """x [..., K] @ the packed [K, features] kernel -> [..., features] float32."""
+  """x [..., K] @ the packed [K, features] kernel (float32 or bfloat16 panels) ->
+  [..., features] float32."""
   if x.shape[-1] != packed.shape[1] or not 0 <= packed.shape[0] * PANEL - features < PANEL:
     raise ValueError(f'x {x.shape} and packed panels {packed.shape} do not make a '
                      f'[..., {features}] product.')
+  if packed.dtype not in (jnp.float32, jnp.bfloat16):
+    raise ValueError(f'Packed panels must be float32 or bfloat16, got {packed.dtype}.')
   ok, why = _status()
   if not ok:
     raise RuntimeError(f'The packed CPU matmul is unavailable ({why}); decode without '
                        f'the {COLLECTION!r} variables.')
+  target = _TARGET_BF16 if packed.dtype == jnp.bfloat16 else _TARGET
   out = jax.ShapeDtypeStruct(x.shape[:-1] + (features,), jnp.float32)
-  return jax.ffi.ffi_call(_TARGET, out, vmap_method='sequential')(x.astype(jnp.float32), packed)
+  return jax.ffi.ffi_call(target, out, vmap_method='sequential')(x.astype(jnp.float32), packed)

@@ -190,9 +190,12 @@ def _decode_costs(d):
 
 
 def _cpu_kernels(d):
-  xla, packed = d['costs'][0], d['costs'][1]
-  return (f"demo target step {xla['t_target_step']:.2f} -> {packed['t_target_step']:.2f} ms, "
-          f"verify(4)/step {xla['r']:.2f} -> {packed['r']:.2f}; AR "
+  costs = {c['mode']: c for c in d['costs']}
+  xla, packed = costs['xla'], costs['packed']
+  f32 = costs.get('packed f32')
+  via = f"{f32['t_target_step']:.2f} (float32 panels) -> " if f32 else ''
+  return (f"demo target step {xla['t_target_step']:.2f} -> {via}{packed['t_target_step']:.2f} "
+          f"ms, verify(4)/step {xla['r']:.2f} -> {packed['r']:.2f}; AR "
           f"{_x(d['ar_speedup_packed_vs_xla'])} faster")
 
 
