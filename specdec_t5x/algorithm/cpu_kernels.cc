@@ -254,8 +254,10 @@ void Rows512(const float* x, const uint16_t* p, float* y, int64_t K, int64_t N, 
   const int64_t ps = K * kPanel;
   auto cols = [&](int64_t j, int64_t panels) { return std::min(panels * kPanel, N - j * kPanel); };
   int64_t j = p0;
-  for (; j + P <= p1; j += P) Tile512<R, P>(x + m * K, K, p + j * ps, y + m * N + j * kPanel, N, cols(j, P));
-  for (; j < p1; ++j) Tile512<R, 1>(x + m * K, K, p + j * ps, y + m * N + j * kPanel, N, cols(j, 1));
+  for (; j + P <= p1; j += P)
+    Tile512<R, P>(x + m * K, K, p + j * ps, y + m * N + j * kPanel, N, cols(j, P));
+  for (; j < p1; ++j)
+    Tile512<R, 1>(x + m * K, K, p + j * ps, y + m * N + j * kPanel, N, cols(j, 1));
 }
 
 // Columns of panels [p0, p1) (one chunk, still in cache for every row group) for all M rows:

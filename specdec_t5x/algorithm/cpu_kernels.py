@@ -13,12 +13,12 @@ a row's result is bitwise independent of the other rows in the call (tests/test_
 It differs from XLA's dot by float32 rounding only (~1e-6 relative).
 
 Weights that bfloat16 holds exactly (every float32 weight of a model restored from a
-bfloat16 checkpoint, as T5X's usually are) can be packed as bfloat16 (`pack(w, bf16=True)`):
-the kernel widens them back to the same float32 values, so the products are bitwise those
-of the float32 panels, and a call reads half the bytes. A one-row call is then still bound
-by those bytes, a (gamma + 1)-row verify call by the multiply-adds: where the CPU has
-AVX-512 (F and BW), calls of 2+ rows on bfloat16 panels use 16-wide tiles
-(SPECDEC_CPU_KERNELS_AVX512=0 keeps the AVX2 ones; the same bits either way).
+bfloat16 checkpoint, such as T5X writes with SaveCheckpointConfig.dtype='bfloat16') can be
+packed as bfloat16 (`pack(w, bf16=True)`): the kernel widens them back to the same float32
+values, so the products are bitwise those of the float32 panels, and a call reads half the
+bytes. A one-row call is then still bound by those bytes, a (gamma + 1)-row verify call by
+the multiply-adds: where the CPU has AVX-512 (F and BW), calls of 2+ rows on bfloat16 panels
+use 16-wide tiles (SPECDEC_CPU_KERNELS_AVX512=0 keeps the AVX2 ones; the same bits).
 
 Used by network.Dense / Embed.attend when the decode variables carry the COLLECTION
 (network.decode_kernels, api.generate): float32 models on the CPU backend. Built on first
