@@ -202,6 +202,19 @@ def test_packing_inside_a_trace_is_never_cached():
   assert not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(packed))
 
 
+def test_params_without_float32_kernels_decode_inside_a_trace():
+  """bfloat16 params (nothing to pack) traced by an outer jit, as T5X's infer passes a
+  bfloat16 draft: no bfloat16-panel check may run on them (it would be a tracer)."""
+  module, params, enc = _tiny(True)
+  half = jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), params)
+  run = jax.jit(lambda t, d, e: api.generate((module, t), e, draft=(module, d), gamma=2,
+                                             max_decode_length=6).tokens)
+  inside = run(half, half, enc)
+  outside = api.generate((module, half), enc, draft=(module, half), gamma=2,
+                         max_decode_length=6)
+  np.testing.assert_array_equal(inside, outside.tokens)
+
+
 def test_without_a_compiler_decoding_falls_back_to_xla(tmp_path):
   code = (
       'import jax, jax.numpy as jnp, numpy as np\n'

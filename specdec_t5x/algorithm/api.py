@@ -91,9 +91,11 @@ def decode_variables(module, params) -> dict:
   hit = _PACKED.get(key)
   if hit is None or any(ref() is not x for ref, x in zip(hit[0], leaves)):
     made = _MAKE[kind](params)
-    if any(_is_traced(x) for x in jax.tree_util.tree_leaves(made)):
+    if any(_is_traced(x) for x in jax.tree_util.tree_leaves((made, params))):
       return dict(variables, **{kind: made})  # inside a trace (float32 panels)
-    if bf16 and bool(_HOLDS_IN_BF16(params)):
+    # Nothing packed (no float32 kernels) leaves nothing to check, and `made` untraced
+    # even inside an outer trace, where the check's value would be a tracer.
+    if bf16 and jax.tree_util.tree_leaves(made) and bool(_HOLDS_IN_BF16(params)):
       made = _MAKE_BF16(params)  # bitwise the same products, half the bytes per call
     try:
       refs = [weakref.ref(x) for x in leaves]
