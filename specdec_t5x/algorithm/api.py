@@ -90,13 +90,14 @@ def decode_variables(module, params) -> dict:
   key = (kind, bf16) + tuple(id(x) for x in leaves)  # the collection depends on the params
   hit = _PACKED.get(key)
   if hit is None or any(ref() is not x for ref, x in zip(hit[0], leaves)):
-    made = _MAKE[kind](params)
+    make = _MAKE[kind]
+    if bf16:  # bitwise the same products, half the bytes per call
+      holds = _HOLDS_IN_BF16(params)  # a tracer inside a trace: float32 panels there
+      if not _is_traced(holds) and bool(holds):
+        make = _MAKE_BF16
+    made = make(params)
     if any(_is_traced(x) for x in jax.tree_util.tree_leaves((made, params))):
-      return dict(variables, **{kind: made})  # inside a trace (float32 panels)
-    # Nothing packed (no float32 kernels) leaves nothing to check, and `made` untraced
-    # even inside an outer trace, where the check's value would be a tracer.
-    if bf16 and jax.tree_util.tree_leaves(made) and bool(_HOLDS_IN_BF16(params)):
-      made = _MAKE_BF16(params)  # bitwise the same products, half the bytes per call
+      return dict(variables, **{kind: made})  # inside a trace
     try:
       refs = [weakref.ref(x) for x in leaves]
     except TypeError:  # leaves without weak references: made every call
