@@ -1,11 +1,14 @@
 """Properties of the cached decoder: cache == teacher forcing, rollback == recomputation."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from conftest import make_model, random_inputs, tiny_config
+from specdec_t5x.algorithm import api, cpu_kernels
 from specdec_t5x.algorithm.network import Transformer, relative_position_bucket
 
 
@@ -82,3 +85,45 @@ def test_param_tree_matches_t5x_names():
   _, p10 = make_model(tiny_config(v11=False))
   assert 'logits_dense' not in p10['decoder']
   assert 'wi' in p10['encoder']['layers_0']['mlp']
+
+
+_DENSE_DOT = re.compile(r'/(query|key|value|out|wi|wi_\d|wo|logits_dense)/dot_general')
+
+
+def _extend_program(model, variables, cache, num_tokens):
+  module = model[0]
+  return jax.jit(lambda v, c, t, p: module.apply(v, c, t, p, method='extend')).lower(
+      variables, cache, jnp.zeros((2, num_tokens), jnp.int32), jnp.zeros((2,), jnp.int32))
+
+
+@pytest.mark.skipif(jax.default_backend() != 'cpu', reason='the XLA:CPU form of attention')
+@pytest.mark.parametrize('packed', [False, True])
+def test_each_query_of_a_cached_call_attends_as_a_one_token_call(packed):
+  """On XLA:CPU a k-token call (a verify window, a draft's catch-up) attends one query at a
+  time: a product over a few queries would be a separate dot of a fixed cost. So the
+  compiled call holds k times the attention products of a one-token call, and each row's
+  logits are bitwise those of one-token calls, with XLA's dot or the packed kernel."""
+  model = make_model(tiny_config(), seed=7)
+  variables = api.decode_variables(*model) if packed else {'params': model[1]}
+  assert (cpu_kernels.COLLECTION in variables) == (packed and cpu_kernels.enabled())
+  enc = jnp.asarray(random_inputs(2, 9, 40, seed=8))
+  dec = jnp.asarray(np.random.RandomState(9).randint(2, 40, size=(2, 7)), jnp.int32)
+  module = model[0]
+  encoded = module.apply(variables, enc, method='encode')
+  cache = module.apply(variables, encoded, enc, 12, method='init_cache')
+
+  def dots(num_tokens):  # attention products: the dots that are not a Dense layer's
+    text = _extend_program(model, variables, cache, num_tokens).compile().as_text()
+    return sum(' dot(' in line and not _DENSE_DOT.search(line) for line in text.splitlines())
+  assert dots(1) > 0 and dots(3) == 3 * dots(1)
+
+  step = jax.jit(lambda c, t, p: module.apply(variables, c, t, p, method='extend'))
+  one, c1 = [], cache
+  for i in range(7):
+    logits, c1 = step(c1, dec[:, i:i + 1], jnp.full((2,), i, jnp.int32))
+    one.append(np.asarray(logits))
+  many, c3 = [], cache
+  for start, k in ((0, 3), (3, 4)):
+    logits, c3 = step(c3, dec[:, start:start + k], jnp.full((2,), start, jnp.int32))
+    many.append(np.asarray(logits))
+  np.testing.assert_array_equal(np.concatenate(many, 1), np.concatenate(one, 1))
