@@ -14,6 +14,7 @@ Shapes use T5X's bracket comments: `# [batch, length, emb]`.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -34,6 +35,26 @@ TRANSPOSED = 'transposed'
 # The most queries a cached attention call on XLA:CPU attends one at a time (attend_cached);
 # a verify window is gamma + 1 queries, and the paper's best gammas are 3-7.
 PER_QUERY_MAX = 16
+_AS_ON_ACCELERATORS = [False]  # set by accelerator_attention() while tracing
+
+
+@contextlib.contextmanager
+def accelerator_attention():
+  """Traces cached attention as on an accelerator (one product over all queries) even on
+  the CPU backend: for programs compiled on a CPU to predict an accelerator's
+  (research/compiled_costs.py)."""
+  before = _AS_ON_ACCELERATORS[0]
+  _AS_ON_ACCELERATORS[0] = True
+  try:
+    yield
+  finally:
+    _AS_ON_ACCELERATORS[0] = before
+
+
+def _per_query(num_queries: int) -> bool:
+  """attend_cached attends one query at a time (XLA:CPU, 2..PER_QUERY_MAX queries)."""
+  return (1 < num_queries <= PER_QUERY_MAX and jax.default_backend() == 'cpu'
+          and not _AS_ON_ACCELERATORS[0])
 
 
 def _act(name: str):
@@ -198,7 +219,7 @@ class Attention(nn.Module):
     def context(q, bias):
       return self._context(q, k_t, v, bias, 'bqhd,bhdk->bhqk', 'bhqk,bhkd->bqhd', True)
     num = q.shape[1]
-    if not 1 < num <= PER_QUERY_MAX or jax.default_backend() != 'cpu':
+    if not _per_query(num):
       return self._out(context(q, bias))
     rows = bias.shape[2] > 1  # else one bias row serves every query
     return self._out(jnp.concatenate(

@@ -54,7 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from specdec_t5x.algorithm import network, theory
+from specdec_t5x.algorithm import layers, network, theory
 from specdec_t5x.integration import partitioning
 from specdec_t5x.research import paper
 
@@ -203,17 +203,18 @@ def compile_model(cfg: network.T5Config, mesh: Mesh, ks: Sequence[int], enc_len:
   def step(p, cache, tokens, positions):
     return module.apply({'params': p}, cache, tokens, positions, method='extend')
 
-  cache = jax.eval_shape(prefill, params, enc)
-  cache_sh = cache_shardings(cache, mesh)
-  programs: Dict[str, Any] = {}
-  programs['prefill'] = _record(jax.jit(
-      prefill, in_shardings=(p_sh, replicated), out_shardings=cache_sh).lower(params, enc))
-  for k in ks:
-    tokens = jax.ShapeDtypeStruct((1, k), jnp.int32)
-    positions = jax.ShapeDtypeStruct((1,), jnp.int32)
-    fn = jax.jit(step, in_shardings=(p_sh, cache_sh, replicated, replicated),
-                 out_shardings=(None, cache_sh), donate_argnums=1)
-    programs[f'step_{k}'] = _record(fn.lower(params, cache, tokens, positions))
+  with layers.accelerator_attention():  # an accelerator's program, though lowered on CPU
+    cache = jax.eval_shape(prefill, params, enc)
+    cache_sh = cache_shardings(cache, mesh)
+    programs: Dict[str, Any] = {}
+    programs['prefill'] = _record(jax.jit(
+        prefill, in_shardings=(p_sh, replicated), out_shardings=cache_sh).lower(params, enc))
+    for k in ks:
+      tokens = jax.ShapeDtypeStruct((1, k), jnp.int32)
+      positions = jax.ShapeDtypeStruct((1,), jnp.int32)
+      fn = jax.jit(step, in_shardings=(p_sh, cache_sh, replicated, replicated),
+                   out_shardings=(None, cache_sh), donate_argnums=1)
+      programs[f'step_{k}'] = _record(fn.lower(params, cache, tokens, positions))
   cache_bytes = {}
   for batch in batches:
     e = jax.ShapeDtypeStruct((batch, enc_len), jnp.int32)
