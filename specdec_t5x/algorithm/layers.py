@@ -42,7 +42,8 @@ _AS_ON_ACCELERATORS = [False]  # set by accelerator_attention() while tracing
 def accelerator_attention():
   """Traces cached attention as on an accelerator (one product over all queries) even on
   the CPU backend: for programs compiled on a CPU to predict an accelerator's
-  (research/compiled_costs.py)."""
+  (research/compiled_costs.py). The form is chosen while tracing, so only functions traced
+  inside the block take it: a jitted function traced before keeps its cached program."""
   before = _AS_ON_ACCELERATORS[0]
   _AS_ON_ACCELERATORS[0] = True
   try:
