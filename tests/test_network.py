@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import make_model, random_inputs, tiny_config
-from specdec_t5x.algorithm import api, cpu_kernels, layers
+from specdec_t5x.algorithm import api, cpu_kernels
 from specdec_t5x.algorithm.network import Transformer, relative_position_bucket
 
 
@@ -102,7 +102,7 @@ def test_each_query_of_a_cached_call_attends_as_a_one_token_call(packed):
   """On XLA:CPU a k-token call (a verify window, a draft's catch-up) attends one query at a
   time: a product over a few queries would be a separate dot of a fixed cost. So the
   compiled call holds k times the attention products of a one-token call (as many under
-  accelerator_attention), and each row's logits are bitwise those of one-token calls, with
+  accelerator_forms), and each row's logits are bitwise those of one-token calls, with
   XLA's dot or the packed kernel."""
   model = make_model(tiny_config(), seed=7)
   variables = api.decode_variables(*model) if packed else {'params': model[1]}
@@ -117,7 +117,7 @@ def test_each_query_of_a_cached_call_attends_as_a_one_token_call(packed):
     text = _extend_program(model, variables, cache, num_tokens).compile().as_text()
     return sum(' dot(' in line and not _DENSE_DOT.search(line) for line in text.splitlines())
   assert dots(1) > 0 and dots(3) == 3 * dots(1)
-  with layers.accelerator_attention():  # as compiled_costs lowers an accelerator's programs
+  with cpu_kernels.accelerator_forms():  # as compiled_costs lowers an accelerator's programs
     assert dots(3) == dots(1)
 
   step = jax.jit(lambda c, t, p: module.apply(variables, c, t, p, method='extend'))

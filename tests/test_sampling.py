@@ -1,9 +1,12 @@
-"""Inverse-CDF sampling: exact frequencies, zero-probability tokens never drawn."""
+"""Inverse-CDF sampling: exact frequencies, zero-probability tokens never drawn; the argmax."""
+
+import contextlib
 
 import jax
 import numpy as np
+import pytest
 
-from specdec_t5x.algorithm import sampling
+from specdec_t5x.algorithm import cpu_kernels, sampling
 
 
 def test_sample_matches_probabilities_and_skips_zero_mass():
@@ -52,18 +55,32 @@ def test_sample_never_draws_zero_mass_when_the_block_sums_round():
   assert np.all(probs[rows, draws] > 0)
 
 
-def test_argmax_is_jnp_argmax_on_ties_infinities_and_nans():
-  rng = np.random.RandomState(0)
-  x = np.round(rng.randn(64, 3, 300), 1).astype(np.float32)  # many ties
+@pytest.mark.parametrize('accelerator_forms', [False, True])
+@pytest.mark.parametrize('vocab', [5, 300, 8192])
+def test_argmax_is_jnp_argmax_on_ties_infinities_and_nans(accelerator_forms, vocab):
+  """Both forms (on CPU the row kernel, one pass per row; elsewhere float reductions) give
+  jnp.argmax's index and flag exactly the rows holding a NaN or an infinity."""
+  rng = np.random.RandomState(vocab)
+  x = np.round(rng.randn(64, 3, vocab), 1).astype(np.float32)  # many ties
   x[1, 0, :] = -np.inf
-  x[2, 1, 7] = np.inf
-  x[2, 1, 9] = np.inf
-  x[3, 2, 11] = np.nan
-  x[4, 0, [5, 200]] = np.nan
+  x[2, 1, [1, 3]] = np.inf
+  x[3, 2, 2] = np.nan
+  x[4, 0, [vocab - 1, 0]] = np.nan
   x[5, 1, :] = np.nan
   x[6, 2, :] = 0.0
-  x[6, 2, 3] = -0.0
-  for dtype in (np.float32, jax.numpy.bfloat16):
-    got = jax.jit(sampling.argmax)(x.astype(dtype))
-    np.testing.assert_array_equal(got, np.asarray(jax.numpy.argmax(x.astype(dtype), -1)))
-    assert got.dtype == np.int32
+  x[6, 2, 3 % vocab] = -0.0
+  x[7, 0, vocab - 1] = -np.inf
+  x[8, 1, :] = -3.0
+  x[8, 1, vocab - 1] = 1e30
+  form = cpu_kernels.accelerator_forms() if accelerator_forms else contextlib.nullcontext()
+  with form:  # fresh functions: jit reuses a function's trace, whatever the form
+    fn = jax.jit(lambda a: sampling.argmax_checked(a))  # pylint: disable=unnecessary-lambda
+    uses_kernel = 'specdec_row_argmax' in fn.lower(x).as_text()
+    assert uses_kernel == (not accelerator_forms and cpu_kernels.enabled())
+    for dtype in (np.float32, jax.numpy.bfloat16):
+      index, bad = fn(x.astype(dtype))
+      np.testing.assert_array_equal(index, np.asarray(jax.numpy.argmax(x.astype(dtype), -1)))
+      np.testing.assert_array_equal(bad, ~np.isfinite(x).all(-1))
+      assert index.dtype == np.int32 and bad.dtype == np.bool_
+      np.testing.assert_array_equal(jax.jit(lambda a: sampling.argmax(a))(x.astype(dtype)),  # pylint: disable=unnecessary-lambda
+                                    index)

@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -344,6 +345,59 @@ ffi::Error PanelMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffe
   return ffi::Error::Success();
 }
 
+// Per row of x [..., V]: the index of its first maximum -- of its first NaN when it holds
+// one, as jnp.argmax, which counts NaN as the largest -- and whether it holds a NaN or an
+// infinity. One vectorised pass for the maximum and the flag (NaNs ignored by the maximum,
+// seen by x * 0 being NaN), one that stops at the first lane equal to it.
+ffi::Error RowArgmax(ffi::Buffer<ffi::F32> x, ffi::ResultBuffer<ffi::S32> index,
+                     ffi::ResultBuffer<ffi::PRED> nonfinite) {
+  const auto dims = x.dimensions();
+  if (dims.size() == 0 || dims.back() == 0 || dims.back() > INT32_MAX) {
+    return ffi::Error::InvalidArgument("row_argmax needs rows of 1 .. 2^31 - 1 entries");
+  }
+  const int64_t V = dims.back(), rows = x.element_count() / V;
+  const float* data = x.typed_data();
+  int32_t* out = index->typed_data();
+  bool* bad = nonfinite->typed_data();
+  const __m256 zero = _mm256_setzero_ps();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* p = data + r * V;
+    __m256 top8 = _mm256_set1_ps(-INFINITY), odd8 = zero;
+    int64_t i = 0;
+    for (; i + 8 <= V; i += 8) {
+      const __m256 v = _mm256_loadu_ps(p + i);
+      top8 = _mm256_max_ps(v, top8);  // a NaN in v leaves top8 as it was
+      const __m256 z = _mm256_mul_ps(v, zero);  // NaN exactly where v is NaN or infinite
+      odd8 = _mm256_or_ps(odd8, _mm256_cmp_ps(z, z, _CMP_UNORD_Q));
+    }
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, top8);
+    float top = -INFINITY;
+    for (float l : lanes) top = l > top ? l : top;
+    bool odd = _mm256_movemask_ps(odd8) != 0;
+    for (; i < V; ++i) {
+      top = p[i] > top ? p[i] : top;
+      odd |= !std::isfinite(p[i]);
+    }
+    int64_t at = -1;
+    if (odd) {
+      for (int64_t j = 0; j < V && at < 0; ++j) if (std::isnan(p[j])) at = j;
+    }
+    if (at < 0) {
+      const __m256 t = _mm256_set1_ps(top);
+      int64_t j = 0;
+      for (; j + 8 <= V; j += 8) {
+        const int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(p + j), t, _CMP_EQ_OQ));
+        if (mask) { at = j + __builtin_ctz(mask); break; }
+      }
+      for (; at < 0 && j < V; ++j) if (p[j] == top) at = j;
+    }
+    out[r] = static_cast<int32_t>(at);
+    bad[r] = odd;
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecdecPanelMatmul, (PanelMatmul<F32Panels, ffi::F32>),
@@ -359,3 +413,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecdecPanelMatmulBf16, (PanelMatmul<Bf16Panels, f
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::BF16>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecdecRowArgmax, RowArgmax,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::PRED>>());

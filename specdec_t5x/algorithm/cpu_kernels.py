@@ -52,6 +52,7 @@ COLLECTION = 'cpu_packed'  # the Flax variable collection holding packed weights
 PANEL = 16  # columns per panel (cpu_kernels.cc kPanel)
 _TARGET = 'specdec_panel_matmul'
 _TARGET_BF16 = 'specdec_panel_matmul_bf16'
+_TARGET_ARGMAX = 'specdec_row_argmax'
 _SOURCE = importlib.resources.files('specdec_t5x.algorithm').joinpath('cpu_kernels.cc')
 _FLAGS = ('-O3', '-mavx2', '-mfma', '-std=c++17', '-shared', '-fPIC')
 
@@ -121,7 +122,39 @@ def _status() -> Tuple[bool, str]:
                               platform='cpu')
   jax.ffi.register_ffi_target(_TARGET_BF16, jax.ffi.pycapsule(lib.SpecdecPanelMatmulBf16),
                               platform='cpu')
+  jax.ffi.register_ffi_target(_TARGET_ARGMAX, jax.ffi.pycapsule(lib.SpecdecRowArgmax),
+                              platform='cpu')
   return True, path
+
+
+_ACCELERATOR_FORMS = [False]  # set by accelerator_forms() while tracing
+
+
+@contextlib.contextmanager
+def accelerator_forms():
+  """Traces the decode path as on an accelerator even on the CPU backend: cached attention
+  as one product over all queries (layers.Attention.attend_cached) and the argmax without
+  the row kernel, for programs compiled on a CPU to predict an accelerator's
+  (research/compiled_costs.py). The form is chosen while tracing, so only functions traced
+  inside the block take it: a jitted function traced before keeps its cached program."""
+  before = _ACCELERATOR_FORMS[0]
+  _ACCELERATOR_FORMS[0] = True
+  try:
+    yield
+  finally:
+    _ACCELERATOR_FORMS[0] = before
+
+
+def cpu_forms() -> bool:
+  """Whether a function traced now takes the CPU backend's forms: on the CPU backend,
+  outside accelerator_forms()."""
+  return jax.default_backend() == 'cpu' and not _ACCELERATOR_FORMS[0]
+
+
+def row_kernel() -> bool:
+  """Whether a function traced now reduces logits rows with `row_argmax`: the CPU forms,
+  with the kernels enabled."""
+  return cpu_forms() and enabled()
 
 
 def enabled() -> bool:
@@ -184,3 +217,14 @@ def matmul(x: jax.Array, packed: jax.Array, features: int) -> jax.Array:
   target = _TARGET_BF16 if packed.dtype == jnp.bfloat16 else _TARGET
   out = jax.ShapeDtypeStruct(x.shape[:-1] + (features,), jnp.float32)
   return jax.ffi.ffi_call(target, out, vmap_method='sequential')(x.astype(jnp.float32), packed)
+
+
+def row_argmax(x: jax.Array) -> Tuple[jax.Array, jax.Array]:
+  """x [..., V] float32 -> (index [...] int32, nonfinite [...] bool), one pass per row: the
+  index is jnp.argmax's (the first maximum; the first NaN when the row holds one), the flag
+  says the row holds a NaN or an infinity."""
+  ok, why = _status()
+  if not ok:
+    raise RuntimeError(f'The CPU row kernel is unavailable ({why}).')
+  out = (jax.ShapeDtypeStruct(x.shape[:-1], jnp.int32), jax.ShapeDtypeStruct(x.shape[:-1], jnp.bool_))
+  return jax.ffi.ffi_call(_TARGET_ARGMAX, out, vmap_method='sequential')(x.astype(jnp.float32))

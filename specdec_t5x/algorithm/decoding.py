@@ -182,10 +182,10 @@ def autoregressive_decode(target_fn: ExtendFn, target_cache, rng, *, batch: int,
     rng, keys = _split_keys(s.rng, 1, cfg)
     last = rows.window(s.seq, s.length + 1, 1)  # [b, 1]
     logits, cache = target_fn(s.target_cache, last, s.length)
-    token, _ = propose(logits[:, 0], keys, 0, cfg)
+    token, _, bad = propose(logits[:, 0], keys, 0, cfg)
     stats = s.stats.replace(
         target_calls=s.stats.target_calls + (~s.done).astype(jnp.int32),
-        nonfinite_target_logits=s.stats.nonfinite_target_logits | (nonfinite(logits) & ~s.done))
+        nonfinite_target_logits=s.stats.nonfinite_target_logits | (bad & ~s.done))
     s = s.replace(rng=rng, target_cache=cache, stats=stats)
     return _emit(s, token[:, None], jnp.ones((batch,), jnp.int32), max_len, eos_id)
 
@@ -258,10 +258,12 @@ def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, dr
     if feature_dim is not None:  # the next step's first draft call reads them
       s = s.replace(features=out[2], feature_start=s.length)
     if cfg.greedy:  # one-hot p and q: the same rule, without materialising them
-      best = sampling.argmax(logits)  # [b, gamma + 1]
+      best, bad = sampling.argmax_checked(logits)  # [b, gamma + 1] each
+      bad = jnp.any(bad, axis=1)
       n_acc = sampling.accept_greedy(xs, best, num_drafted)
       token = jnp.take_along_axis(best, n_acc[:, None], axis=1)[:, 0]
     else:
+      bad = nonfinite(logits)
       p = sampling.standardize(logits, cfg)  # [b, gamma + 1, V]
       uniforms = jax.vmap(lambda k: jax.random.uniform(k, (gamma,)))(keys[:, gamma])
       if verifier == 'block':
@@ -283,7 +285,7 @@ def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, dr
             jax.nn.one_hot(n_acc, gamma + 1, dtype=jnp.int32) * act[:, None], axis=0),
         draft_length_histogram=st.draft_length_histogram + jnp.sum(
             jax.nn.one_hot(num_drafted, gamma + 1, dtype=jnp.int32) * act[:, None], axis=0),
-        nonfinite_target_logits=st.nonfinite_target_logits | (nonfinite(logits) & active),
+        nonfinite_target_logits=st.nonfinite_target_logits | (bad & active),
         nonfinite_draft_logits=st.nonfinite_draft_logits | (draft_bad & active))
     s = s.replace(
         rng=rng, target_cache=target_cache, draft_cache=draft_cache,

@@ -23,12 +23,14 @@ def nonfinite(logits) -> jax.Array:
 
 
 def propose(logits, keys, i, cfg: sampling.SamplingConfig):
-  """logits [b, V] -> (token [b], distribution [b, V], or None when greedy)."""
+  """logits [b, V] -> (token [b], distribution [b, V] or None when greedy, nonfinite [b]:
+  the logits hold a NaN or an infinity)."""
   if cfg.greedy:
-    return sampling.argmax(logits), None
+    token, bad = sampling.argmax_checked(logits)
+    return token, None, bad
   probs = sampling.standardize(logits, cfg)
   key = jax.lax.dynamic_index_in_dim(keys, i, axis=1, keepdims=False)
-  return sampling.sample(key, probs), probs
+  return sampling.sample(key, probs), probs, nonfinite(logits)
 
 
 def confidence(logits, q):
@@ -100,8 +102,7 @@ def draft_block(first, step, s, keys, num_steps, limit, gamma: int,
   made for each row before it stopped, bad [b]: a draft call gave NaN/inf logits).
   """
   logits, carry = first
-  bad = nonfinite(logits)
-  x1, q1 = propose(logits, keys, 0, cfg)
+  x1, q1, bad = propose(logits, keys, 0, cfg)
   xs = jnp.zeros((x1.shape[0], gamma), jnp.int32).at[:, 0].set(x1)
   qs = None if q1 is None else jnp.zeros(q1.shape[:1] + (gamma,) + q1.shape[1:]).at[:, 0].set(q1)
   going = jnp.ones(x1.shape, bool)  # [b]
@@ -111,8 +112,8 @@ def draft_block(first, step, s, keys, num_steps, limit, gamma: int,
     i, xs, qs, carry, going, count, bad = loop
     x_prev = jax.lax.dynamic_index_in_dim(xs, i - 1, axis=1, keepdims=False)  # [b]
     logits, carry = step(carry, x_prev, s.length + i)
-    bad = bad | nonfinite(logits)
-    x, q = propose(logits, keys, i, cfg)
+    x, q, bad_i = propose(logits, keys, i, cfg)
+    bad = bad | bad_i
     xs = jax.lax.dynamic_update_index_in_dim(xs, x, i, axis=1)
     if qs is not None:
       qs = jax.lax.dynamic_update_index_in_dim(qs, q, i, axis=1)
@@ -145,13 +146,12 @@ def draft_unrolled(first, step, s, keys, num_steps, gamma: int,
   max_len the calls past `num_steps` draft tokens that `limit` never lets count.
   """
   logits, carry = first
-  bad = nonfinite(logits)
-  xs, qs = [], []
+  xs, qs, bad = [], [], jnp.zeros(logits.shape[:1], bool)
   for i in range(gamma):
     if i:
       logits, carry = step(carry, xs[-1], s.length + i)
-      bad = bad | nonfinite(logits)
-    x, q = propose(logits, keys, i, cfg)
+    x, q, bad_i = propose(logits, keys, i, cfg)
+    bad = bad | bad_i
     xs.append(x)
     qs.append(q)
   count = jnp.full(xs[0].shape, num_steps, jnp.int32)

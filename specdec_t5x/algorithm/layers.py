@@ -14,7 +14,6 @@ Shapes use T5X's bracket comments: `# [batch, length, emb]`.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -35,27 +34,11 @@ TRANSPOSED = 'transposed'
 # The most queries a cached attention call on XLA:CPU attends one at a time (attend_cached);
 # a verify window is gamma + 1 queries, and the paper's best gammas are 3-7.
 PER_QUERY_MAX = 16
-_AS_ON_ACCELERATORS = [False]  # set by accelerator_attention() while tracing
-
-
-@contextlib.contextmanager
-def accelerator_attention():
-  """Traces cached attention as on an accelerator (one product over all queries) even on
-  the CPU backend: for programs compiled on a CPU to predict an accelerator's
-  (research/compiled_costs.py). The form is chosen while tracing, so only functions traced
-  inside the block take it: a jitted function traced before keeps its cached program."""
-  before = _AS_ON_ACCELERATORS[0]
-  _AS_ON_ACCELERATORS[0] = True
-  try:
-    yield
-  finally:
-    _AS_ON_ACCELERATORS[0] = before
 
 
 def _per_query(num_queries: int) -> bool:
   """attend_cached attends one query at a time (XLA:CPU, 2..PER_QUERY_MAX queries)."""
-  return (1 < num_queries <= PER_QUERY_MAX and jax.default_backend() == 'cpu'
-          and not _AS_ON_ACCELERATORS[0])
+  return 1 < num_queries <= PER_QUERY_MAX and cpu_kernels.cpu_forms()
 
 
 def _act(name: str):

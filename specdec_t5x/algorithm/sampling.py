@@ -16,6 +16,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from specdec_t5x.algorithm import cpu_kernels
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
@@ -70,20 +72,31 @@ def standardize(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
 
 def argmax(logits: jax.Array) -> jax.Array:
   """[..., V] -> [...] int32: jnp.argmax over the last axis, the same index in every case
-  (the first maximum; the first NaN when there is one, as NaN counts as the largest).
+  (the first maximum; the first NaN when there is one, as NaN counts as the largest)."""
+  return argmax_checked(logits)[0]
 
-  jnp.argmax lowers to a variadic (value, index) reduction that XLA's CPU backend runs as
-  a scalar loop (~24 us for V = 8192); a max, then the largest reversed position that
-  holds it, are two plain float reductions (~4 us). The positions are floats, exact for
-  V < 2^24.
+
+def argmax_checked(logits: jax.Array):
+  """[..., V] -> (argmax [...] int32, as `argmax`; nonfinite [...] bool: the row holds a
+  NaN or an infinity).
+
+  A greedy decode needs both for every logits row it makes. On the CPU backend
+  (cpu_kernels.row_kernel) one pass of cpu_kernels.row_argmax per row gives both: XLA:CPU
+  runs jnp.argmax's variadic (value, index) reduction as a scalar loop (~24 us for
+  V = 8192) and all(isfinite) as a predicate reduction about as slow. Elsewhere a max, then
+  the largest reversed position that holds it (two plain float reductions; the positions
+  are floats, exact for V < 2^24), and all(isfinite).
   """
   v = logits.shape[-1]
   if v >= 1 << 24:
     raise ValueError(f'argmax: the vocabulary ({v}) must be below 2^24.')
+  if cpu_kernels.row_kernel():
+    return cpu_kernels.row_argmax(logits)
   top = jnp.max(logits, axis=-1, keepdims=True)
   reversed_position = jnp.arange(v, 0, -1, dtype=jnp.float32)  # v at index 0 .. 1 at v - 1
   hit = (logits == top) | jnp.isnan(logits)
-  return (v - jnp.max(jnp.where(hit, reversed_position, 0.0), axis=-1)).astype(jnp.int32)
+  index = (v - jnp.max(jnp.where(hit, reversed_position, 0.0), axis=-1)).astype(jnp.int32)
+  return index, ~jnp.all(jnp.isfinite(logits), axis=-1)
 
 
 SAMPLE_BLOCK = 128  # vocabulary entries per block of sample's two-level CDF
