@@ -1,5 +1,6 @@
 // Small-batch float32 matmul for the cached decode path on x86-64 CPUs (AVX2 + FMA), as an
-// XLA FFI custom call. Built and registered by cpu_kernels.py; see its docstring.
+// XLA FFI custom call, and a one-pass argmax / nonfinite check per logits row (RowArgmax).
+// Built and registered by cpu_kernels.py; see its docstring.
 //
 //   y[M, N] = x[M, K] @ w[K, N], with w packed once into panels p[NP, K, 16]
 //   (NP = ceil(N / 16), p[j, k, c] = w[k, 16 j + c], zero beyond N).

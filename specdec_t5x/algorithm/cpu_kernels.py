@@ -20,6 +20,10 @@ bytes. A one-row call is then still bound by those bytes, a (gamma + 1)-row veri
 the multiply-adds: where the CPU has AVX-512 (F and BW), calls of 2+ rows on bfloat16 panels
 use 16-wide tiles (SPECDEC_CPU_KERNELS_AVX512=0 keeps the AVX2 ones; the same bits).
 
+The same library holds `row_argmax`: per logits row, jnp.argmax's index and whether the row
+holds a NaN or an infinity, in one pass (sampling.argmax_checked uses it on the CPU
+backend, where XLA runs both reductions several times slower; `row_kernel`).
+
 Used by network.Dense / Embed.attend when the decode variables carry the COLLECTION
 (network.decode_kernels, api.generate): float32 models on the CPU backend. Built on first
 use with the system C++ compiler (g++ or $CXX) into a per-user cache directory
