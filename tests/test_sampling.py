@@ -84,3 +84,54 @@ def test_argmax_is_jnp_argmax_on_ties_infinities_and_nans(accelerator_forms, voc
       assert index.dtype == np.int32 and bad.dtype == np.bool_
       np.testing.assert_array_equal(jax.jit(lambda a: sampling.argmax(a))(x.astype(dtype)),  # pylint: disable=unnecessary-lambda
                                     index)
+
+
+def _standardized_by_reductions(logits, cfg):
+  """standardize written with jnp.max and jax.nn.softmax: what standardize_checked's one
+  kernel pass per row (row max from the argmax; softmax without a second max) must equal."""
+  logits = logits.astype(np.float32)
+  top = jax.numpy.max(logits, axis=-1, keepdims=True)
+  shifted = logits - top
+  logits = jax.numpy.where(shifted < 0, shifted / cfg.temperature, 0.0)
+  if cfg.topk:
+    kth = jax.lax.top_k(logits, cfg.topk)[0][..., -1:]
+    logits = jax.numpy.where(logits < kth, -np.inf, logits)
+  elif cfg.topp:
+    sorted_logits = -jax.numpy.sort(-logits, axis=-1)
+    cum = jax.numpy.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1)
+    cut = jax.numpy.minimum(jax.numpy.sum(cum < cfg.topp, axis=-1, keepdims=True),
+                            logits.shape[-1] - 1)
+    cutoff = jax.numpy.take_along_axis(sorted_logits, cut, axis=-1)
+    logits = jax.numpy.where(logits < cutoff, -np.inf, logits)
+  return jax.nn.softmax(logits, axis=-1)
+
+
+@pytest.mark.parametrize('accelerator_forms', [False, True])
+@pytest.mark.parametrize('cfg', [sampling.SamplingConfig(temperature=0.7),
+                                 sampling.SamplingConfig(temperature=1.0, topk=3),
+                                 sampling.SamplingConfig(temperature=1.3, topp=0.8)],
+                         ids=['t0.7', 'topk3', 'topp0.8'])
+def test_standardize_checked_is_the_reductions_form_on_edge_rows(accelerator_forms, cfg):
+  """The row max taken at the argmax and the softmax without a second max give the same
+  distributions as jnp.max and jax.nn.softmax (ties, -inf and +inf rows included), and the
+  flag marks exactly the rows holding a NaN or an infinity. (A row holding a NaN has no
+  distribution to agree on: XLA:CPU's max may skip the NaN; the decoders stop on the flag.)"""
+  rng = np.random.RandomState(7)
+  x = np.round(rng.randn(16, 3, 300) * 3, 1).astype(np.float32)  # many ties
+  x[1, 0, :] = -np.inf
+  x[1, 1, 5:] = -np.inf
+  x[2, 1, [1, 3]] = np.inf
+  x[3, 2, 2] = np.nan
+  x[4, 0, :] = np.nan
+  x[5, 1, :] = 0.0
+  x[6, 2, 7] = 1e30
+  form = cpu_kernels.accelerator_forms() if accelerator_forms else contextlib.nullcontext()
+  with form:
+    probs, bad = jax.jit(lambda a: sampling.standardize_checked(a, cfg))(x)
+  np.testing.assert_array_equal(bad, ~np.isfinite(x).all(-1))
+  no_nan = ~np.isnan(x).any(-1)
+  np.testing.assert_allclose(np.asarray(probs)[no_nan],
+                             np.asarray(_standardized_by_reductions(x, cfg))[no_nan],
+                             rtol=1e-6, atol=1e-7)
+  good = np.isfinite(x).all(-1)
+  np.testing.assert_allclose(np.asarray(probs)[good].sum(-1), 1.0, rtol=1e-5)

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from specdec_t5x.algorithm import config as config_lib
 from specdec_t5x.algorithm import rows, sampling
 from specdec_t5x.algorithm.drafting import (draft_block, draft_unrolled, feature_drafter,
-                                            nonfinite, propose, token_drafter)
+                                            propose, token_drafter)
 from specdec_t5x.algorithm.stats import DecodeStats
 
 # Re-exported: the policy type lives with the decode configuration.
@@ -263,8 +263,8 @@ def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, dr
       n_acc = sampling.accept_greedy(xs, best, num_drafted)
       token = jnp.take_along_axis(best, n_acc[:, None], axis=1)[:, 0]
     else:
-      bad = nonfinite(logits)
-      p = sampling.standardize(logits, cfg)  # [b, gamma + 1, V]
+      p, bad = sampling.standardize_checked(logits, cfg)  # [b, gamma + 1, V], [b, gamma + 1]
+      bad = jnp.any(bad, axis=1)
       uniforms = jax.vmap(lambda k: jax.random.uniform(k, (gamma,)))(keys[:, gamma])
       if verifier == 'block':
         n_acc, dist = sampling.accept_block(uniforms, xs, qs, p, num_drafted)

@@ -17,20 +17,15 @@ import jax.numpy as jnp
 from specdec_t5x.algorithm import rows, sampling
 
 
-def nonfinite(logits) -> jax.Array:
-  """logits [b, ..., V] -> [b] bool: the row holds a NaN or an infinity."""
-  return ~jnp.all(jnp.isfinite(logits), axis=tuple(range(1, logits.ndim)))
-
-
 def propose(logits, keys, i, cfg: sampling.SamplingConfig):
   """logits [b, V] -> (token [b], distribution [b, V] or None when greedy, nonfinite [b]:
   the logits hold a NaN or an infinity)."""
   if cfg.greedy:
     token, bad = sampling.argmax_checked(logits)
     return token, None, bad
-  probs = sampling.standardize(logits, cfg)
+  probs, bad = sampling.standardize_checked(logits, cfg)
   key = jax.lax.dynamic_index_in_dim(keys, i, axis=1, keepdims=False)
-  return sampling.sample(key, probs), probs, nonfinite(logits)
+  return sampling.sample(key, probs), probs, bad
 
 
 def confidence(logits, q):

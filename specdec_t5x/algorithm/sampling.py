@@ -50,10 +50,22 @@ def standardize(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
   sends the rest to -huge or -inf (probability 0) instead of overflowing into NaN; the
   result tends to the uniform distribution over the tied maxima, as the limit should.
   """
+  return standardize_checked(logits, cfg)[0]
+
+
+def standardize_checked(logits: jax.Array, cfg: SamplingConfig):
+  """logits [..., V] -> (`standardize`'s probabilities [..., V], nonfinite [...] bool: the
+  row holds a NaN or an infinity), from one `argmax_checked` per row.
+
+  The row's maximum is the logit at its argmax (NaN when the row holds one, as jnp.max),
+  so on CPU the kernel's one pass replaces XLA's max and all(isfinite) reductions; and as
+  the scaled logits' maximum is exactly 0, the softmax needs no second max.
+  """
   logits = logits.astype(jnp.float32)
+  index, bad = argmax_checked(logits)
   if cfg.greedy:
-    return jax.nn.one_hot(argmax(logits), logits.shape[-1], dtype=jnp.float32)
-  top = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))  # [..., 1]
+    return jax.nn.one_hot(index, logits.shape[-1], dtype=jnp.float32), bad
+  top = jax.lax.stop_gradient(jnp.take_along_axis(logits, index[..., None], axis=-1))
   shifted = logits - top  # [..., V] <= 0; 0 at the maxima (and stays 0 for any T).
   logits = jnp.where(shifted < 0, shifted / cfg.temperature, 0.0)
   if cfg.topk:
@@ -62,12 +74,18 @@ def standardize(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
   elif cfg.topp:
     # Keep the smallest prefix of the sorted tokens whose mass reaches topp (ties kept).
     sorted_logits = -jnp.sort(-logits, axis=-1)
-    cum = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1)
+    cum = jnp.cumsum(_softmax_of_max_zero(sorted_logits), axis=-1)
     cutoff_index = jnp.sum(cum < cfg.topp, axis=-1, keepdims=True)
     cutoff_index = jnp.minimum(cutoff_index, logits.shape[-1] - 1)
     cutoff = jnp.take_along_axis(sorted_logits, cutoff_index, axis=-1)
     logits = jnp.where(logits < cutoff, -jnp.inf, logits)
-  return jax.nn.softmax(logits, axis=-1)
+  return _softmax_of_max_zero(logits), bad
+
+
+def _softmax_of_max_zero(x: jax.Array) -> jax.Array:
+  """jax.nn.softmax over the last axis of x [..., V] whose maximum is 0 (x - 0 == x)."""
+  e = jnp.exp(x)
+  return e / jnp.sum(e, axis=-1, keepdims=True)
 
 
 def argmax(logits: jax.Array) -> jax.Array:
