@@ -8,24 +8,43 @@ import pytest
 
 from specdec_t5x.algorithm import cpu_kernels, sampling
 
+FORMS = pytest.mark.parametrize('accelerator_forms', [False, True],
+                                ids=['cpu_forms', 'accelerator_forms'])
 
-def test_sample_matches_probabilities_and_skips_zero_mass():
+
+def _sampler(accelerator_forms, keys, probs):
+  """sampling.sample jitted in the chosen form (on CPU the row kernel, elsewhere the
+  two-level CDF of XLA ops), checked to take it."""
+  form = cpu_kernels.accelerator_forms() if accelerator_forms else contextlib.nullcontext()
+  with form:  # a fresh function: jit reuses a function's trace, whatever the form
+    fn = jax.jit(lambda k, p: sampling.sample(k, p))  # pylint: disable=unnecessary-lambda
+    uses_kernel = 'specdec_row_sample' in fn.lower(keys, probs).as_text()
+  assert uses_kernel == (not accelerator_forms and cpu_kernels.enabled())
+  return fn
+
+
+@FORMS
+def test_sample_matches_probabilities_and_skips_zero_mass(accelerator_forms):
   probs = np.array([0.0, 0.5, 0.0, 0.2, 0.3, 0.0], np.float32)
   n = 200000
   keys = jax.random.split(jax.random.PRNGKey(0), n)
-  draws = np.asarray(sampling.sample(keys, np.broadcast_to(probs, (n, 6))))
+  probs_n = np.broadcast_to(probs, (n, 6))
+  draws = np.asarray(_sampler(accelerator_forms, keys, probs_n)(keys, probs_n))
   freq = np.bincount(draws, minlength=6) / n
   assert freq[[0, 2, 5]].sum() == 0  # never a zero-probability token, also at the ends
   np.testing.assert_allclose(freq, probs, atol=4 / np.sqrt(n))
 
 
-def test_sample_with_one_hot_is_argmax():
+@FORMS
+def test_sample_with_one_hot_is_argmax(accelerator_forms):
   probs = np.eye(7, dtype=np.float32)[[6, 0, 3]]
   keys = jax.random.split(jax.random.PRNGKey(1), 3)
-  np.testing.assert_array_equal(sampling.sample(keys, probs), [6, 0, 3])
+  np.testing.assert_array_equal(_sampler(accelerator_forms, keys, probs)(keys, probs), [6, 0, 3])
 
 
-def test_sample_over_blocks_matches_probabilities_with_zero_blocks_and_a_ragged_tail():
+@FORMS
+def test_sample_over_blocks_matches_probabilities_with_zero_blocks_and_a_ragged_tail(
+    accelerator_forms):
   # 300 entries = two full blocks and a ragged one; mass at block edges, a whole block
   # without mass, and zero entries beside the drawn ones.
   v = 2 * sampling.SAMPLE_BLOCK + 44
@@ -36,13 +55,15 @@ def test_sample_over_blocks_matches_probabilities_with_zero_blocks_and_a_ragged_
     probs[i] = p
   n = 200000
   keys = jax.random.split(jax.random.PRNGKey(2), n)
-  draws = np.asarray(sampling.sample(keys, np.broadcast_to(probs, (n, v))))
+  probs_n = np.broadcast_to(probs, (n, v))
+  draws = np.asarray(_sampler(accelerator_forms, keys, probs_n)(keys, probs_n))
   freq = np.bincount(draws, minlength=v) / n
   assert set(np.flatnonzero(freq)) <= set(support)
   np.testing.assert_allclose(freq, probs, atol=4 / np.sqrt(n))
 
 
-def test_sample_never_draws_zero_mass_when_the_block_sums_round():
+@FORMS
+def test_sample_never_draws_zero_mass_when_the_block_sums_round(accelerator_forms):
   # Many tiny masses: the running block sums and the in-block sums round differently,
   # which must not let a draw land on a zero-probability entry.
   rng = np.random.RandomState(0)
@@ -51,7 +72,7 @@ def test_sample_never_draws_zero_mass_when_the_block_sums_round():
   probs[:, -300:] = 0.0
   keys = jax.random.split(jax.random.PRNGKey(3), 4096)
   rows = np.arange(4096) % 8
-  draws = np.asarray(sampling.sample(keys, probs[rows]))
+  draws = np.asarray(_sampler(accelerator_forms, keys, probs[rows])(keys, probs[rows]))
   assert np.all(probs[rows, draws] > 0)
 
 
@@ -112,8 +133,9 @@ def _standardized_by_reductions(logits, cfg):
                                  sampling.SamplingConfig(temperature=1.3, topp=0.8)],
                          ids=['t0.7', 'topk3', 'topp0.8'])
 def test_standardize_checked_is_the_reductions_form_on_edge_rows(accelerator_forms, cfg):
-  """The row max taken at the argmax and the softmax without a second max give the same
-  distributions as jnp.max and jax.nn.softmax (ties, -inf and +inf rows included), and the
+  """The row max taken at the argmax and the softmax without a second max (on CPU the row
+  kernel's vectorised exp) give the same distributions as jnp.max and jax.nn.softmax
+  (ties, -inf and +inf rows, the exp's whole range included), and the
   flag marks exactly the rows holding a NaN or an infinity. (A row holding a NaN has no
   distribution to agree on: XLA:CPU's max may skip the NaN; the decoders stop on the flag.)"""
   rng = np.random.RandomState(7)
@@ -125,9 +147,16 @@ def test_standardize_checked_is_the_reductions_form_on_edge_rows(accelerator_for
   x[4, 0, :] = np.nan
   x[5, 1, :] = 0.0
   x[6, 2, 7] = 1e30
+  x[7, 0, :] = np.linspace(-130.0, 0.0, 300) * cfg.temperature  # exp's whole range, underflow
+  x[7, 1, :] = np.linspace(-1.0, 1.0, 300)
   form = cpu_kernels.accelerator_forms() if accelerator_forms else contextlib.nullcontext()
   with form:
-    probs, bad = jax.jit(lambda a: sampling.standardize_checked(a, cfg))(x)
+    fn = jax.jit(lambda a: sampling.standardize_checked(a, cfg))
+    uses_kernel = 'specdec_row_softmax' in fn.lower(x).as_text()
+    probs, bad = fn(x)
+  # The kernel takes the plain temperature form; top-k / top-p keep XLA's ops.
+  assert uses_kernel == (not accelerator_forms and cpu_kernels.enabled()
+                         and not cfg.topk and not cfg.topp)
   np.testing.assert_array_equal(bad, ~np.isfinite(x).all(-1))
   no_nan = ~np.isnan(x).any(-1)
   np.testing.assert_allclose(np.asarray(probs)[no_nan],

@@ -20,9 +20,12 @@ bytes. A one-row call is then still bound by those bytes, a (gamma + 1)-row veri
 the multiply-adds: where the CPU has AVX-512 (F and BW), calls of 2+ rows on bfloat16 panels
 use 16-wide tiles (SPECDEC_CPU_KERNELS_AVX512=0 keeps the AVX2 ones; the same bits).
 
-The same library holds `row_argmax`: per logits row, jnp.argmax's index and whether the row
-holds a NaN or an infinity, in one pass (sampling.argmax_checked uses it on the CPU
-backend, where XLA runs both reductions several times slower; `row_kernel`).
+The same library holds the row kernels (`row_kernel`): `row_argmax`, per logits row
+jnp.argmax's index and whether the row holds a NaN or an infinity, in one pass
+(sampling.argmax_checked: XLA:CPU runs both reductions several times slower); `row_softmax`,
+the same pass and the temperature softmax with a vectorised exp (sampling.standardize); and
+`row_sample`, an inverse-CDF draw per row (sampling.sample). At a sampled decode's one to
+gamma + 1 rows per call they cost about half XLA's chains of small reductions.
 
 Used by network.Dense / Embed.attend when the decode variables carry the COLLECTION
 (network.decode_kernels, api.generate): float32 models on the CPU backend. Built on first
@@ -51,12 +54,15 @@ from typing import Tuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 COLLECTION = 'cpu_packed'  # the Flax variable collection holding packed weights
 PANEL = 16  # columns per panel (cpu_kernels.cc kPanel)
 _TARGET = 'specdec_panel_matmul'
 _TARGET_BF16 = 'specdec_panel_matmul_bf16'
 _TARGET_ARGMAX = 'specdec_row_argmax'
+_TARGET_SOFTMAX = 'specdec_row_softmax'
+_TARGET_SAMPLE = 'specdec_row_sample'
 _SOURCE = importlib.resources.files('specdec_t5x.algorithm').joinpath('cpu_kernels.cc')
 _FLAGS = ('-O3', '-mavx2', '-mfma', '-std=c++17', '-shared', '-fPIC')
 
@@ -126,8 +132,10 @@ def _status() -> Tuple[bool, str]:
                               platform='cpu')
   jax.ffi.register_ffi_target(_TARGET_BF16, jax.ffi.pycapsule(lib.SpecdecPanelMatmulBf16),
                               platform='cpu')
-  jax.ffi.register_ffi_target(_TARGET_ARGMAX, jax.ffi.pycapsule(lib.SpecdecRowArgmax),
-                              platform='cpu')
+  for target, symbol in ((_TARGET_ARGMAX, lib.SpecdecRowArgmax),
+                         (_TARGET_SOFTMAX, lib.SpecdecRowSoftmax),
+                         (_TARGET_SAMPLE, lib.SpecdecRowSample)):
+    jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(symbol), platform='cpu')
   return True, path
 
 
@@ -232,3 +240,30 @@ def row_argmax(x: jax.Array) -> Tuple[jax.Array, jax.Array]:
     raise RuntimeError(f'The CPU row kernel is unavailable ({why}).')
   out = (jax.ShapeDtypeStruct(x.shape[:-1], jnp.int32), jax.ShapeDtypeStruct(x.shape[:-1], jnp.bool_))
   return jax.ffi.ffi_call(_TARGET_ARGMAX, out, vmap_method='sequential')(x.astype(jnp.float32))
+
+
+def row_softmax(x: jax.Array, temperature: float) -> Tuple[jax.Array, jax.Array, jax.Array]:
+  """x [..., V] float32, temperature > 0 -> (probabilities [..., V] float32, index [...]
+  int32, nonfinite [...] bool): `row_argmax`'s pair and, from the same pass's maximum, the
+  softmax of (x - max) / temperature (entries at the maximum exactly 0 before the exp), in
+  two more vectorised passes per row (cpu_kernels.cc RowSoftmax)."""
+  ok, why = _status()
+  if not ok:
+    raise RuntimeError(f'The CPU row kernel is unavailable ({why}).')
+  out = (jax.ShapeDtypeStruct(x.shape, jnp.float32),
+         jax.ShapeDtypeStruct(x.shape[:-1], jnp.int32),
+         jax.ShapeDtypeStruct(x.shape[:-1], jnp.bool_))
+  return jax.ffi.ffi_call(_TARGET_SOFTMAX, out, vmap_method='sequential')(
+      x.astype(jnp.float32), inv_temperature=np.float32(1.0 / temperature))  # inf when tiny
+
+
+def row_sample(probs: jax.Array, u: jax.Array) -> jax.Array:
+  """probs [b, V] (>= 0, any total), u [b] in (0, 1] -> [b] int32: per row the first index
+  whose cumulative mass reaches u * total, never one of probability 0 (cpu_kernels.cc
+  RowSample: block sums in one vectorised pass, then a running sum inside one block)."""
+  ok, why = _status()
+  if not ok:
+    raise RuntimeError(f'The CPU row kernel is unavailable ({why}).')
+  out = jax.ShapeDtypeStruct(probs.shape[:1], jnp.int32)
+  return jax.ffi.ffi_call(_TARGET_SAMPLE, out, vmap_method='sequential')(
+      probs.astype(jnp.float32), u.astype(jnp.float32))
