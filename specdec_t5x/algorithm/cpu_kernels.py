@@ -253,8 +253,10 @@ def row_softmax(x: jax.Array, temperature: float) -> Tuple[jax.Array, jax.Array,
   out = (jax.ShapeDtypeStruct(x.shape, jnp.float32),
          jax.ShapeDtypeStruct(x.shape[:-1], jnp.int32),
          jax.ShapeDtypeStruct(x.shape[:-1], jnp.bool_))
+  with np.errstate(over='ignore'):  # a temperature below float32's range: 1 / T = inf
+    inv_temperature = np.float32(1.0 / temperature)
   return jax.ffi.ffi_call(_TARGET_SOFTMAX, out, vmap_method='sequential')(
-      x.astype(jnp.float32), inv_temperature=np.float32(1.0 / temperature))  # inf when tiny
+      x.astype(jnp.float32), inv_temperature=inv_temperature)
 
 
 def row_sample(probs: jax.Array, u: jax.Array) -> jax.Array:
