@@ -352,8 +352,6 @@ ffi::Error PanelMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffe
 // one, as jnp.argmax, which counts NaN as the largest -- and whether it holds a NaN or an
 // infinity. One vectorised pass for the maximum and the flag (NaNs ignored by the maximum,
 // seen by x * 0 being NaN), one that stops at the first lane equal to it.
-
-// One row's argmax as RowArgmax: (index, nonfinite).
 void ArgmaxRow(const float* p, int64_t V, int32_t* out, bool* bad) {
   const __m256 zero = _mm256_setzero_ps();
   __m256 top8 = _mm256_set1_ps(-INFINITY), odd8 = zero;
@@ -427,14 +425,13 @@ inline __m256 ExpNonPositive(__m256 v) {
   return _mm256_andnot_ps(underflow, _mm256_mul_ps(y, _mm256_castsi256_ps(bits)));
 }
 
-// The sampled decode's distribution per logits row, with RowArgmax's (index, nonfinite):
+// The sampled decode's distribution per logits row, and RowArgmax's nonfinite flag:
 // s = x - x[argmax] (so s <= 0, and 0 at the maxima), v = s * (1 / temperature) where
 // s < 0 and 0 elsewhere, a NaN s included (as the XLA form: a row holding a NaN, or only
 // -inf, gives the uniform distribution; one holding +inf, the uniform over its +infs),
 // probabilities exp(v) / sum exp(v). Two more vectorised passes after the argmax's.
 ffi::Error RowSoftmax(ffi::Buffer<ffi::F32> x, ffi::ResultBuffer<ffi::F32> probs,
-                      ffi::ResultBuffer<ffi::S32> index, ffi::ResultBuffer<ffi::PRED> nonfinite,
-                      float inv_temperature) {
+                      ffi::ResultBuffer<ffi::PRED> nonfinite, float inv_temperature) {
   const auto dims = x.dimensions();
   if (dims.size() == 0 || dims.back() == 0 || dims.back() > INT32_MAX) {
     return ffi::Error::InvalidArgument("row_softmax needs rows of 1 .. 2^31 - 1 entries");
@@ -457,7 +454,6 @@ ffi::Error RowSoftmax(ffi::Buffer<ffi::F32> x, ffi::ResultBuffer<ffi::F32> probs
     float* e = probs->typed_data() + r * V;
     int32_t at;
     ArgmaxRow(p, V, &at, nonfinite->typed_data() + r);
-    index->typed_data()[r] = at;
     const __m256 top = _mm256_set1_ps(p[at]);
     __m256d sum4[2] = {_mm256_setzero_pd(), _mm256_setzero_pd()};
     int64_t i = 0;
@@ -476,7 +472,7 @@ ffi::Error RowSoftmax(ffi::Buffer<ffi::F32> x, ffi::ResultBuffer<ffi::F32> probs
       alignas(32) float tail[8];
       for (int64_t k = 0; k < 8; ++k) {
         const float s = i + k < V ? p[i + k] - p[at] : -INFINITY;
-        tail[k] = s < 0.0f ? s * inv_t : (i + k < V ? 0.0f : -INFINITY);
+        tail[k] = s < 0.0f ? s * inv_t : 0.0f;  // the padding: -inf * inv_t = -inf
       }
       _mm256_store_ps(tail, ExpNonPositive(_mm256_load_ps(tail)));
       for (int64_t k = 0; i + k < V; ++k) e[i + k] = tail[k];
@@ -567,7 +563,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecdecRowSoftmax, RowSoftmax,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::PRED>>()
                                   .Attr<float>("inv_temperature"));
 

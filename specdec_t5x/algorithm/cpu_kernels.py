@@ -231,27 +231,28 @@ def matmul(x: jax.Array, packed: jax.Array, features: int) -> jax.Array:
   return jax.ffi.ffi_call(target, out, vmap_method='sequential')(x.astype(jnp.float32), packed)
 
 
+def _require_row_kernels() -> None:
+  ok, why = _status()
+  if not ok:
+    raise RuntimeError(f'The CPU row kernels are unavailable ({why}).')
+
+
 def row_argmax(x: jax.Array) -> Tuple[jax.Array, jax.Array]:
   """x [..., V] float32 -> (index [...] int32, nonfinite [...] bool), one pass per row: the
   index is jnp.argmax's (the first maximum; the first NaN when the row holds one), the flag
   says the row holds a NaN or an infinity."""
-  ok, why = _status()
-  if not ok:
-    raise RuntimeError(f'The CPU row kernel is unavailable ({why}).')
+  _require_row_kernels()
   out = (jax.ShapeDtypeStruct(x.shape[:-1], jnp.int32), jax.ShapeDtypeStruct(x.shape[:-1], jnp.bool_))
   return jax.ffi.ffi_call(_TARGET_ARGMAX, out, vmap_method='sequential')(x.astype(jnp.float32))
 
 
-def row_softmax(x: jax.Array, temperature: float) -> Tuple[jax.Array, jax.Array, jax.Array]:
-  """x [..., V] float32, temperature > 0 -> (probabilities [..., V] float32, index [...]
-  int32, nonfinite [...] bool): `row_argmax`'s pair and, from the same pass's maximum, the
+def row_softmax(x: jax.Array, temperature: float) -> Tuple[jax.Array, jax.Array]:
+  """x [..., V] float32, temperature > 0 -> (probabilities [..., V] float32, nonfinite
+  [...] bool): `row_argmax`'s pass (its flag, and the maximum at its index), then the
   softmax of (x - max) / temperature (entries at the maximum exactly 0 before the exp), in
   two more vectorised passes per row (cpu_kernels.cc RowSoftmax)."""
-  ok, why = _status()
-  if not ok:
-    raise RuntimeError(f'The CPU row kernel is unavailable ({why}).')
+  _require_row_kernels()
   out = (jax.ShapeDtypeStruct(x.shape, jnp.float32),
-         jax.ShapeDtypeStruct(x.shape[:-1], jnp.int32),
          jax.ShapeDtypeStruct(x.shape[:-1], jnp.bool_))
   with np.errstate(over='ignore'):  # a temperature below float32's range: 1 / T = inf
     inv_temperature = np.float32(1.0 / temperature)
@@ -263,9 +264,7 @@ def row_sample(probs: jax.Array, u: jax.Array) -> jax.Array:
   """probs [b, V] (>= 0, any total), u [b] in (0, 1] -> [b] int32: per row the first index
   whose cumulative mass reaches u * total, never one of probability 0 (cpu_kernels.cc
   RowSample: block sums in one vectorised pass, then a running sum inside one block)."""
-  ok, why = _status()
-  if not ok:
-    raise RuntimeError(f'The CPU row kernel is unavailable ({why}).')
+  _require_row_kernels()
   out = jax.ShapeDtypeStruct(probs.shape[:1], jnp.int32)
   return jax.ffi.ffi_call(_TARGET_SAMPLE, out, vmap_method='sequential')(
       probs.astype(jnp.float32), u.astype(jnp.float32))

@@ -65,8 +65,7 @@ def standardize_checked(logits: jax.Array, cfg: SamplingConfig):
   """
   logits = logits.astype(jnp.float32)
   if not cfg.greedy and not cfg.topk and not cfg.topp and cpu_kernels.row_kernel():
-    probs, _, bad = cpu_kernels.row_softmax(logits, cfg.temperature)
-    return probs, bad
+    return cpu_kernels.row_softmax(logits, cfg.temperature)
   index, bad = argmax_checked(logits)
   if cfg.greedy:
     return jax.nn.one_hot(index, logits.shape[-1], dtype=jnp.float32), bad
