@@ -145,9 +145,14 @@ def test_decode_kernels_cover_every_dense_layer_and_agree_with_xla(tied, dtype):
                         method='extend')[0]
 
   np.testing.assert_allclose(logits(fast), logits(plain), rtol=1e-5, atol=1e-5)
-  calls = str(jax.make_jaxpr(logits)(fast)).count('ffi_call')
+  fast_jaxpr, plain_jaxpr = (str(jax.make_jaxpr(logits)(v)) for v in (fast, plain))
+  calls = fast_jaxpr.count('specdec_panel_matmul')
   assert calls == len(dense) + tied  # every Dense layer once, plus the tied logits
-  assert 'ffi_call' not in str(jax.make_jaxpr(logits)(plain))
+  assert 'specdec_panel_matmul' not in plain_jaxpr
+  # The cached attention is the row kernels' (with or without packed weights): one call
+  # per attention block of each decoder layer.
+  for jaxpr in (fast_jaxpr, plain_jaxpr):
+    assert jaxpr.count(cpu_kernels._TARGET_ATTENTION) == 2 * 2  # pylint: disable=protected-access
 
 
 def test_generate_uses_the_kernels_once_per_params_and_matches_xla(monkeypatch):
@@ -242,3 +247,51 @@ def test_build_is_cached_and_atomic(tmp_path, monkeypatch):
   assert cpu_kernels.build() == path and os.stat(path).st_mtime_ns == stamp
   assert sorted(os.listdir(tmp_path)) == sorted([os.path.basename(path),
                                                  os.path.basename(path) + '.lock'])
+
+
+def _attention_reference(q, k_t, v, bias):
+  """XLA's form of layers.Attention.attend_cached, in float64."""
+  q, k_t, v, bias = (np.asarray(a, np.float64) for a in (q, k_t, v, bias))
+  scores = np.einsum('bqhd,bhdk->bhqk', q, k_t) + bias
+  w = np.exp(scores - scores.max(-1, keepdims=True))
+  w /= w.sum(-1, keepdims=True)
+  return np.einsum('bhqk,bhkd->bqhd', w, v)
+
+
+@pytest.mark.parametrize('s,d', [(1, 8), (7, 5), (69, 64), (130, 16)])
+def test_cached_attention_matches_float64_and_each_query_alone(s, d):
+  """Every bias broadcast the decoder uses; a query's context is bitwise the same alone
+  as among the others (a verify window's rows are the one-token steps')."""
+  rng = np.random.default_rng(s * d)
+  b, q_len, h = 2, 5, 3
+  q = rng.standard_normal((b, q_len, h, d)).astype(np.float32)
+  k_t = rng.standard_normal((b, h, d, s)).astype(np.float32)
+  v = rng.standard_normal((b, h, s, d)).astype(np.float32)
+  attend = jax.jit(cpu_kernels.cached_attention)
+  for shape in ((b, h, q_len, s), (b, 1, 1, s), (1, h, q_len, s), (1, 1, 1, s)):
+    bias = rng.standard_normal(shape).astype(np.float32) * 3
+    bias[..., s // 2 + 1:] = -1e10  # masked slots: weight 0
+    out = np.asarray(attend(q, k_t, v, bias))
+    np.testing.assert_allclose(out, _attention_reference(q, k_t, v, bias), rtol=1e-5, atol=1e-5)
+    for i in range(q_len):
+      row = bias[:, :, i:i + 1] if shape[2] > 1 else bias
+      np.testing.assert_array_equal(np.asarray(attend(q[:, i:i + 1], k_t, v, row))[:, 0],
+                                    out[:, i])
+
+
+def test_cached_attention_nonfinite_scores_and_bad_shapes():
+  rng = np.random.default_rng(3)
+  q = rng.standard_normal((1, 2, 2, 4)).astype(np.float32)
+  k_t = rng.standard_normal((1, 2, 4, 6)).astype(np.float32)
+  v = rng.standard_normal((1, 2, 6, 4)).astype(np.float32)
+  bias = np.zeros((1, 1, 1, 6), np.float32)
+  q[0, 1, 0, 2] = np.nan
+  out = np.asarray(cpu_kernels.cached_attention(q, k_t, v, bias))
+  assert np.isnan(out[0, 1, 0]).all() and np.isfinite(np.delete(out.reshape(4, 4), 2, 0)).all()
+  bias_inf = bias.copy()
+  bias_inf[..., 3] = np.inf
+  assert np.isnan(np.asarray(cpu_kernels.cached_attention(q[:, :1], k_t, v, bias_inf))).all()
+  with pytest.raises(ValueError, match='4-d'):
+    cpu_kernels.cached_attention(q, k_t, v, bias[0])
+  with pytest.raises(Exception, match='cached_attention needs'):
+    cpu_kernels.cached_attention(q, k_t, v[:, :, :5], bias)

@@ -98,27 +98,39 @@ def _extend_program(model, variables, cache, num_tokens):
 
 @pytest.mark.skipif(jax.default_backend() != 'cpu', reason='the XLA:CPU form of attention')
 @pytest.mark.parametrize('packed', [False, True])
-def test_each_query_of_a_cached_call_attends_as_a_one_token_call(packed):
+@pytest.mark.parametrize('kernels', ['1', '0'])
+def test_each_query_of_a_cached_call_attends_as_a_one_token_call(packed, kernels, monkeypatch):
   """On XLA:CPU a k-token call (a verify window, a draft's catch-up) attends one query at a
-  time: a product over a few queries would be a separate dot of a fixed cost. So the
-  compiled call holds k times the attention products of a one-token call (as many under
-  accelerator_forms), and each row's logits are bitwise those of one-token calls, with
-  XLA's dot or the packed kernel."""
+  time: with the row kernels, one cpu_kernels.cached_attention call per attention block
+  (whatever k); without them, k times the attention products of a one-token call (a
+  product over a few queries would be a separate dot of a fixed cost); under
+  accelerator_forms, one product over all queries. Each row's logits are bitwise those of
+  one-token calls, with XLA's dot or the packed kernel."""
   model = make_model(tiny_config(), seed=7)
   variables = api.decode_variables(*model) if packed else {'params': model[1]}
   assert (cpu_kernels.COLLECTION in variables) == (packed and cpu_kernels.enabled())
+  monkeypatch.setenv('SPECDEC_CPU_KERNELS', kernels)
+  attention_kernel = cpu_kernels.enabled()
+  assert attention_kernel == (kernels == '1' and cpu_kernels._cpu_has_avx2_fma())  # pylint: disable=protected-access
   enc = jnp.asarray(random_inputs(2, 9, 40, seed=8))
   dec = jnp.asarray(np.random.RandomState(9).randint(2, 40, size=(2, 7)), jnp.int32)
   module = model[0]
   encoded = module.apply(variables, enc, method='encode')
   cache = module.apply(variables, encoded, enc, 12, method='init_cache')
 
-  def dots(num_tokens):  # attention products: the dots that are not a Dense layer's
+  def count(num_tokens):  # (attention products: dots that are not a Dense layer's, kernel calls)
     text = _extend_program(model, variables, cache, num_tokens).compile().as_text()
-    return sum(' dot(' in line and not _DENSE_DOT.search(line) for line in text.splitlines())
-  assert dots(1) > 0 and dots(3) == 3 * dots(1)
+    lines = text.splitlines()
+    return (sum(' dot(' in line and not _DENSE_DOT.search(line) for line in lines),
+            sum(cpu_kernels._TARGET_ATTENTION in line and 'custom-call(' in line  # pylint: disable=protected-access
+                for line in lines))
+  blocks = 2 * tiny_config().num_decoder_layers  # self- and cross-attention per layer
+  if attention_kernel:
+    assert count(1) == count(3) == (0, blocks)
+  else:
+    assert count(1)[0] > 0 and count(3) == (3 * count(1)[0], 0)
   with cpu_kernels.accelerator_forms():  # as compiled_costs lowers an accelerator's programs
-    assert dots(3) == dots(1)
+    assert count(3) == count(1) and count(1)[0] > 0
 
   step = jax.jit(lambda c, t, p: module.apply(variables, c, t, p, method='extend'))
   one, c1 = [], cache

@@ -41,6 +41,13 @@ def _per_query(num_queries: int) -> bool:
   return 1 < num_queries <= PER_QUERY_MAX and cpu_kernels.cpu_forms()
 
 
+def _attention_kernel(num_queries: int, *arrays) -> bool:
+  """attend_cached runs cpu_kernels.cached_attention (the row kernels' CPU forms, float32
+  operands, 1..PER_QUERY_MAX queries)."""
+  return (num_queries <= PER_QUERY_MAX and all(a.dtype == jnp.float32 for a in arrays)
+          and cpu_kernels.row_kernel())
+
+
 def _act(name: str):
   if name == 'linear':
     return lambda x: x
@@ -199,10 +206,15 @@ class Attention(nn.Module):
     a one-token call, while a product over a few queries runs as a general matrix product
     of a high fixed cost (10-20 us each; attending per query makes a 4-token verify of the
     demo target 13-20% cheaper). Each query is then computed as a one-token call computes it.
+    With the row kernels on (float32, 1..PER_QUERY_MAX queries) one
+    cpu_kernels.cached_attention call does it all per attention block, in place of ~6
+    small XLA:CPU instructions per query, each of a fixed cost.
     """
     def context(q, bias):
       return self._context(q, k_t, v, bias, 'bqhd,bhdk->bhqk', 'bhqk,bhkd->bqhd', True)
     num = q.shape[1]
+    if _attention_kernel(num, q, k_t, v):
+      return self._out(cpu_kernels.cached_attention(q, k_t, v, bias).astype(self.dtype))
     if not _per_query(num):
       return self._out(context(q, bias))
     rows = bias.shape[2] > 1  # else one bias row serves every query
