@@ -61,6 +61,9 @@ STEPS = (
     Step('speedup_ende_t1_inverse_cdf', 'speedup_table.py', (
         '--num_examples', '10', '--gammas', '2,3', '--repeats', '3', '--drafts',
         'demo_draft_m', '--tasks', 'ende', '--temperatures', '1')),
+    Step('speedup_table_ende12', 'speedup_table.py', (
+        '--num_examples', '12', '--tasks', 'ende', '--drafts', 'demo_draft_m',
+        '--temperatures', '0,1', '--gammas', '2,3,4')),
     Step('loop_efficiency', 'loop_efficiency.py', ('--num_examples', '12', '--gammas', '2,3,4',
                                                    '--temperatures', '0,1', '--repeats', '5'),
          quick=('--num_examples', '2', '--gammas', '3', '--temperatures', '0', '--repeats', '1',
@@ -228,6 +231,15 @@ def _speedup(d):
   return '; '.join(parts)
 
 
+def _efficiency_e2e(d):
+  return '; '.join(
+      f"{g['task']} t={g['temperature']:g} {name}: eff. e2e " + '/'.join(
+          f"{r['efficiency_end_to_end']:.2f}" for r in v['rows'])
+      + f" (gamma {'/'.join(str(r['gamma']) for r in v['rows'])}), measured "
+      + '/'.join(_x(r['speedup_measured']) for r in v['rows'])
+      for g in d['groups'] for name, v in g['drafts'].items())
+
+
 def _block(d):
   return ', '.join(f"{r['task']} gamma {r['gamma']}: "
                    f"{100 * (r['block_tpc_precise'] / r['token_tpc_precise'] - 1):+.1f}%"
@@ -272,7 +284,7 @@ def _batch(d):
 HEADLINES: Dict[str, Callable[[Dict[str, Any]], str]] = {
     'demo_speedup_runs': _demo_runs, 'demo_feature_draft_runs': _demo_runs,
     'feature_draft': _feature_draft, 'alpha_demo': _alpha, 'demo_models': _models,
-    'speedup_demo': _speedup, 'decode_costs': _decode_costs, 'cpu_kernels': _cpu_kernels,
+    'speedup_demo': _speedup, 'speedup_table_ende12': _efficiency_e2e, 'decode_costs': _decode_costs, 'cpu_kernels': _cpu_kernels,
     'peers': _peers, 'block_verification': _block,
     'adaptive_gamma': _best_of('speedup_vs_ar'), 'copy_draft': _best_of('speedup'),
     'batch_throughput': _batch, 'lenience': _best_of('speedup_vs_ar'),
