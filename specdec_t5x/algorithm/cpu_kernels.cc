@@ -268,7 +268,8 @@ void Rows512(const float* x, const uint16_t* p, float* y, int64_t K, int64_t N, 
 }
 
 // Columns of panels [p0, p1) (one chunk, still in cache for every row group) for all M rows:
-// rows in groups of 4, then the remaining 3, 2 or 1 together.
+// rows in groups of 4 (AVX-512: of 8, the last 2..8 rows in one tile, so a (gamma + 1)-row
+// verify call of up to 8 rows reads each weight once), then the remaining 3, 2 or 1 together.
 template <class W>
 void Panels(const float* x, const typename W::T* p, float* y, int64_t M, int64_t K, int64_t N,
             int64_t p0, int64_t p1) {
@@ -277,10 +278,17 @@ void Panels(const float* x, const typename W::T* p, float* y, int64_t M, int64_t
   int64_t m = 0;
   if constexpr (std::is_same_v<W, Bf16Panels>) {
     if (kAvx512 && M >= 2) {
-      for (; m + 4 <= M; m += 4) Rows512<4, 2>(x, p, y, K, N, m, p0, p1);
-      if (M - m == 3) Rows512<3, 2>(x, p, y, K, N, m, p0, p1);
-      if (M - m == 2) Rows512<2, 4>(x, p, y, K, N, m, p0, p1);
-      if (M - m != 1) return;
+      for (; M - m > 8; m += 8) Rows512<8, 2>(x, p, y, K, N, m, p0, p1);
+      switch (M - m) {
+        case 8: Rows512<8, 2>(x, p, y, K, N, m, p0, p1); return;
+        case 7: Rows512<7, 2>(x, p, y, K, N, m, p0, p1); return;
+        case 6: Rows512<6, 2>(x, p, y, K, N, m, p0, p1); return;
+        case 5: Rows512<5, 2>(x, p, y, K, N, m, p0, p1); return;
+        case 4: Rows512<4, 2>(x, p, y, K, N, m, p0, p1); return;
+        case 3: Rows512<3, 2>(x, p, y, K, N, m, p0, p1); return;
+        case 2: Rows512<2, 4>(x, p, y, K, N, m, p0, p1); return;
+        default: break;  // 1 row left (M = 9, 17, ...): the one-row tiles below
+      }
     }
   }
   for (; m + 4 <= M; m += 4)
