@@ -295,3 +295,20 @@ def test_cached_attention_nonfinite_scores_and_bad_shapes():
     cpu_kernels.cached_attention(q, k_t, v, bias[0])
   with pytest.raises(Exception, match='cached_attention needs'):
     cpu_kernels.cached_attention(q, k_t, v[:, :, :5], bias)
+
+
+def test_cached_attention_differentiates_as_xla_attention():
+  """A feature head trains through its cached attention: the kernel's gradient is the XLA
+  form's (and its forward agrees with it to float32 rounding)."""
+  from specdec_t5x.algorithm import layers  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(4)
+  q, k_t, v = (jnp.asarray(rng.standard_normal(s), jnp.float32)
+               for s in ((2, 3, 2, 8), (2, 2, 8, 11), (2, 2, 11, 8)))
+  bias = jnp.asarray(rng.standard_normal((2, 1, 1, 11)), jnp.float32)
+  probe = jnp.asarray(rng.standard_normal((2, 3, 2, 8)), jnp.float32)
+  loss = lambda f: lambda *a: jnp.sum(f(*a) * probe)
+  kernel = jax.jit(jax.grad(loss(layers._kernel_cached_context), argnums=(0, 1, 2, 3)))  # pylint: disable=protected-access
+  xla = jax.grad(loss(layers._xla_cached_context), argnums=(0, 1, 2, 3))  # pylint: disable=protected-access
+  for got, want in zip(kernel(q, k_t, v, bias), xla(q, k_t, v, bias)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  assert cpu_kernels._TARGET_ATTENTION in str(jax.make_jaxpr(kernel)(q, k_t, v, bias))  # pylint: disable=protected-access

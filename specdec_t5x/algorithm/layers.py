@@ -48,6 +48,30 @@ def _attention_kernel(num_queries: int, *arrays) -> bool:
           and cpu_kernels.row_kernel())
 
 
+def _xla_cached_context(q, k_t, v, bias):
+  """attend_cached's context [b, q, h, d] in XLA's ops (float32, no dropout)."""
+  weights = jax.nn.softmax(jnp.einsum('bqhd,bhdk->bhqk', q, k_t) + bias, axis=-1)
+  return jnp.einsum('bhqk,bhkd->bqhd', weights, v)
+
+
+@jax.custom_vjp
+def _kernel_cached_context(q, k_t, v, bias):
+  """cpu_kernels.cached_attention, differentiable: its gradient is that of the same
+  attention in XLA's ops (training a feature head runs its cached attention)."""
+  return cpu_kernels.cached_attention(q, k_t, v, bias)
+
+
+def _kernel_context_fwd(q, k_t, v, bias):
+  return cpu_kernels.cached_attention(q, k_t, v, bias), (q, k_t, v, bias)
+
+
+def _kernel_context_bwd(operands, grad):
+  return jax.vjp(_xla_cached_context, *operands)[1](grad)
+
+
+_kernel_cached_context.defvjp(_kernel_context_fwd, _kernel_context_bwd)
+
+
 def _act(name: str):
   if name == 'linear':
     return lambda x: x
@@ -214,7 +238,8 @@ class Attention(nn.Module):
       return self._context(q, k_t, v, bias, 'bqhd,bhdk->bhqk', 'bhqk,bhkd->bqhd', True)
     num = q.shape[1]
     if _attention_kernel(num, q, k_t, v):
-      return self._out(cpu_kernels.cached_attention(q, k_t, v, bias).astype(self.dtype))
+      return self._out(_kernel_cached_context(q, k_t, v, bias.astype(jnp.float32))
+                       .astype(self.dtype))
     if not _per_query(num):
       return self._out(context(q, bias))
     rows = bias.shape[2] > 1  # else one bias row serves every query
