@@ -73,6 +73,9 @@ STEPS = (
     Step('loop_efficiency_t5_1_1_small', 'loop_efficiency.py', (
         '--random_target', 'small', '--num_examples', '4', '--max_len', '32', '--gammas', '3',
         '--temperatures', '0', '--matmuls', 'packed')),
+    Step('loop_efficiency_t5_1_1_base', 'loop_efficiency.py', (
+        '--random_target', 'base', '--num_examples', '4', '--max_len', '32', '--gammas', '3',
+        '--temperatures', '0', '--matmuls', 'packed')),
     Step('peers', 'bench_peers.py', ('--num_examples', '8', '--repeats', '2')),
     Step('block_verification', 'block_vs_token.py', ('--num_examples', '12')),
     Step('adaptive_gamma', 'adaptive_gamma.py', ('--rows=6', '--max_len=40')),
@@ -290,6 +293,7 @@ HEADLINES: Dict[str, Callable[[Dict[str, Any]], str]] = {
     'batch_throughput': _batch, 'lenience': _best_of('speedup_vs_ar'),
     'loop_efficiency': _loop_efficiency, 'loop_efficiency_batch8': _loop_efficiency,
     'loop_efficiency_t5_1_1_small': _loop_efficiency,
+    'loop_efficiency_t5_1_1_base': _loop_efficiency,
 }
 
 
