@@ -15,7 +15,8 @@ Run from the repository root on an idle machine. Three parts, one process:
 3. Walltime speedup by output length (EN->DE, greedy): the --timed_examples inputs split
    into three groups by the autoregressive output's length, each timed by speed.sweep
    (AR and both drafts at --timed_gammas, interleaved, batch 1): measured, ideal and
-   efficiency per group.
+   efficiency per group; and how many of those outputs' tokens the head's (reduced)
+   draft vocabulary covers.
 
 Writes results/feature_draft.{json,md}.
 """
@@ -57,6 +58,9 @@ def by_length(target, drafts, n, max_len, gammas, cost, repeats):
   enc_all = batching.pad_batch([e.inputs for e in examples])
   ar = api.generate(target, enc_all, max_decode_length=max_len)
   lengths = np.asarray(ar.stats['generated_tokens'])
+  ids = drafts[HEAD][0].config.draft_vocab
+  tokens = np.asarray(ar.tokens)[np.arange(ar.tokens.shape[1])[None] < lengths[:, None]]
+  covered = float(np.isin(tokens, ids).mean()) if ids else 1.0
   order = np.argsort(lengths, kind='stable')
   groups = []
   for part in np.array_split(order, 3):
@@ -66,7 +70,7 @@ def by_length(target, drafts, n, max_len, gammas, cost, repeats):
     groups.append({'output_tokens': [int(lengths[part].min()), int(lengths[part].max())],
                    'mean_output_tokens': float(lengths[part].mean()), 'examples': len(part),
                    'drafts': {k: v['rows'] for k, v in res['drafts'].items()}})
-  return groups
+  return groups, covered
 
 
 def main(argv=None):
@@ -91,11 +95,13 @@ def main(argv=None):
   first = {f't_head_first_call_{g + 1}': (*drafts['ende'][HEAD], g + 1) for g in args.timed_gammas}
   cost.update(timing.call_costs(first, batching.trim_batch(enc[:1]), repeats=7,
                                       cache_len=args.max_len + max(args.timed_gammas) + 1))
-  groups = by_length(target, drafts['ende'], args.timed_examples, args.max_len,
+  groups, covered = by_length(target, drafts['ende'], args.timed_examples, args.max_len,
                      args.timed_gammas, cost, args.repeats)
   report = harness.Report(__file__, args, argv)
   c = {name: cost[f't_draft_step_{name}'] / cost['t_target_step'] for name in (HEAD, DRAFT)}
-  report.data.update(acceptance=rows, costs_s=cost, c=c, by_length=groups)
+  vocab = drafts['ende'][HEAD][0].config.output_vocab_size
+  report.data.update(acceptance=rows, costs_s=cost, c=c, by_length=groups,
+                     head_output_vocab=vocab, head_vocab_covers_ar_tokens=covered)
   md = report.header(
       'A draft head that reads the target vs a small draft model (demo family)',
       f'Target {TARGET}; drafts {HEAD} (one layer over the target\'s features, no encoder) '
@@ -103,7 +109,8 @@ def main(argv=None):
       + ', '.join(f'{k} {v:.3f}' for k, v in c.items()) + '; the head\'s first call of a '
       'step (gamma + 1 positions, one kept): ' + ', '.join(
           f"{cost[f't_head_first_call_{g + 1}'] / cost['t_target_step']:.3f} (gamma {g})"
-          for g in args.timed_gammas) + ' target steps.')
+          for g in args.timed_gammas) + f' target steps. The head\'s logits cover {vocab} '
+      f'token ids, {covered:.1%} of the timed inputs\' autoregressive output tokens.')
   md += ['## Acceptance (first %d test inputs per task)' % args.num_examples, '']
   md += harness.table(
       ['task', 't', 'draft', 'gamma', 'alpha', 'alpha_1', 'tokens / target call'],

@@ -22,10 +22,10 @@ from test_decoding import _eos_mid_batch
 from specdec_t5x.algorithm import api, feature_draft, sampling
 
 
-def make_head(target_params, vocab, emb=32, seed=3, layers=1):
+def make_head(target_params, vocab, emb=32, seed=3, layers=1, draft_vocab=()):
   config = feature_draft.FeatureDraftConfig(vocab_size=vocab, target_emb_dim=emb, emb_dim=16,
                                             num_heads=2, head_dim=8, mlp_dim=32,
-                                            num_layers=layers)
+                                            num_layers=layers, draft_vocab=draft_vocab)
   params = feature_draft.init_params(config, jax.random.PRNGKey(seed), target_params)
   return feature_draft.FeatureDraft(config), params
 
@@ -193,3 +193,60 @@ def test_a_head_for_another_target_width_is_refused(models):
   other = make_head(None, 8, emb=48)
   with pytest.raises(ValueError, match='target_emb_dim'):
     generate(target, random_inputs(1, 4, 8), draft=other, gamma=2, max_decode_length=4)
+
+
+def test_a_reduced_draft_vocabulary_gives_other_ids_probability_zero(models):
+  target, _ = models
+  ids = (1, 2, 5, 6, 7)
+  full = make_head(target[1], 8, seed=5)
+  small = make_head(target[1], 8, seed=5, draft_vocab=ids)
+  assert small[1]['logits_dense']['kernel'].shape == (16, 5)
+  np.testing.assert_allclose(small[1]['logits_dense']['kernel'],
+                             full[1]['logits_dense']['kernel'][:, list(ids)], rtol=1e-6)
+  enc = random_inputs(2, 6, 8, seed=6)
+  tokens = np.random.RandomState(7).randint(2, 8, (2, 6)).astype(np.int32)
+  (logits, _), = teacher_forced(target, small, enc, tokens, passes=1)
+  assert logits.shape == (2, 6, 5)
+  module, params = target
+  _, _, encoded = module.apply({'params': params}, enc, tokens, method='features')
+  variables = {'params': small[1]}
+  cache = small[0].apply(variables, encoded, enc, 8, method='init_cache')
+  got, _, _ = small[0].apply(variables, cache, tokens[:, :3], jnp.zeros(2, jnp.int32),
+                             jnp.zeros((2, 3, 32)), method='extend')
+  assert got.shape == (2, 3, 8)
+  np.testing.assert_array_equal(got[..., [0, 3, 4]], feature_draft.NEVER)
+  full_got, _, _ = full[0].apply({'params': full[1]}, full[0].apply(
+      {'params': full[1]}, encoded, enc, 8, method='init_cache'), tokens[:, :3],
+      jnp.zeros(2, jnp.int32), jnp.zeros((2, 3, 32)), method='extend')
+  np.testing.assert_allclose(got[..., list(ids)], full_got[..., list(ids)], atol=1e-5)
+  probs = np.asarray(sampling.standardize(got, sampling.SamplingConfig(0.05)))
+  assert np.all(np.isfinite(probs)) and np.all(probs[..., [0, 3, 4]] == 0)
+
+
+@pytest.mark.parametrize('batch', [1, 4])
+def test_greedy_with_a_reduced_draft_vocabulary_equals_autoregressive(target_and_draft, batch):
+  target = target_and_draft[0]
+  head = make_head(target[1], 40, draft_vocab=tuple(range(1, 40, 3)))
+  enc = random_inputs(batch, 9, 40, seed=0)
+  eos = _eos_mid_batch(target, enc, 14) if batch > 1 else 1
+  ar = generate(target, enc, max_decode_length=14, eos_id=eos)
+  for gamma in (1, 3, 8):
+    spec = generate(target, enc, draft=head, gamma=gamma, max_decode_length=14, eos_id=eos)
+    np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(ar.tokens),
+                                  err_msg=f'gamma={gamma}')
+
+
+@pytest.mark.parametrize('cfg', td.CASES[:3], ids=['t1', 't0.6', 'topk3'])
+def test_sampling_with_a_reduced_draft_vocabulary_matches_exact_distribution(dist_models, cfg):
+  """Ids 2 and 4 are never drafted: only the residual can emit them."""
+  target = dist_models[0]
+  head = make_head(target[1], td.VOCAB, seed=12, draft_vocab=(0, 1, 3, 5))
+  exact = td.exact_probabilities(target, td.ENC, cfg)
+  counts = td.sample_counts(target, head, td.ENC, cfg, seed=23, gamma=2)
+  assert td.chi2_pvalue(exact, counts) > 1e-3
+
+
+@pytest.mark.parametrize('bad', [(3, 2), (-1, 2), (2, 8), (2, 2), [1, 2], (True,), (2.0,)])
+def test_a_bad_draft_vocabulary_is_refused(bad):
+  with pytest.raises(ValueError, match='draft_vocab'):
+    feature_draft.FeatureDraftConfig(vocab_size=8, target_emb_dim=4, draft_vocab=bad)

@@ -76,3 +76,42 @@ def test_exported_head_loads_and_decodes(target_dir, tmp_path):
   ar = generate(target, enc, max_decode_length=8)
   spec = generate(target, enc, draft=(module, loaded), gamma=3, max_decode_length=8)
   np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(ar.tokens))
+
+
+def test_a_reduced_vocabulary_head_starts_from_an_exported_head(target_dir, data_dir,  # noqa: F811
+                                                                tmp_path):
+  """commonest_ids counts the data's targets; start_from takes every weight of the exported
+  head and its output columns for the new ids; training it resumes from there."""
+  ids = feature_train.commonest_ids(data_dir, 20, VOCAB)
+  counts = np.zeros(VOCAB, np.int64)
+  for name in ('ende_train.npz', 'summarize_train.npz'):
+    with np.load(os.path.join(data_dir, name)) as z:
+      t = z['targets']
+    counts += np.bincount(t[t > 0], minlength=VOCAB)
+  assert len(ids) == 20 and list(ids) == sorted(ids)
+  assert counts[list(ids)].min() >= np.delete(counts, list(ids)).max()
+  with pytest.raises(ValueError, match='does not fit'):
+    feature_train.commonest_ids(data_dir, VOCAB + 1, VOCAB)
+  full = feature_draft.init_params(HEAD, jax.random.PRNGKey(4))
+  feature_train.export(full, HEAD, str(tmp_path / 'full'), 1)
+  small_head = feature_draft.FeatureDraftConfig(**{**HEAD.__dict__, 'draft_vocab': ids})
+  start = feature_train.start_from(feature_draft.init_params(small_head, jax.random.PRNGKey(0)),
+                                   small_head, str(tmp_path / 'full'))
+  _, stored = model_dir.load(str(tmp_path / 'full'))
+  np.testing.assert_array_equal(start['logits_dense']['kernel'],
+                                np.asarray(stored['logits_dense']['kernel'])[:, list(ids)])
+  np.testing.assert_array_equal(start['feature_in']['kernel'], stored['feature_in']['kernel'])
+  feature_train.export(start, small_head, str(tmp_path / 'small'), 1)
+  with pytest.raises(ValueError, match='lacks'):  # the reduced head cannot give back all ids
+    feature_train.start_from(full, HEAD, str(tmp_path / 'small'))
+  other = feature_draft.FeatureDraftConfig(**{**HEAD.__dict__, 'emb_dim': 24})
+  with pytest.raises(ValueError, match='not a head of these sizes'):
+    feature_train.start_from(feature_draft.init_params(other, jax.random.PRNGKey(0)), other,
+                             str(tmp_path / 'full'))
+  cfg = small_cfg(steps=6, log_every=3, eval_every=6, save_every=3)
+  _, end = feature_train.train_head(target_dir, data_dir, str(tmp_path / 'ft'), small_head, cfg,
+                                    passes=2, init_from=str(tmp_path / 'full'))
+  assert end['done'] and 0 <= end['val']['agree_1'] <= 1
+  with pytest.raises(ValueError, match='other settings'):
+    feature_train.train_head(target_dir, data_dir, str(tmp_path / 'ft'), small_head, cfg,
+                             passes=2)

@@ -267,6 +267,7 @@ def test_every_paper_row_parses_and_builds_under_t5x_infer():
 _HEAD_GIN = """
 from __gin__ import dynamic_registration
 from specdec_t5x.algorithm import feature_draft
+from specdec_t5x.integration import model_dir
 include 'configs/spec_t5_small_xxl.gin'
 DRAFT_CONFIG = @feature_draft.FeatureDraftConfig()
 feature_draft.FeatureDraftConfig:
@@ -276,21 +277,28 @@ feature_draft.FeatureDraftConfig:
   num_heads = 2
   head_dim = 8
   mlp_dim = 32
+  draft_vocab = @model_dir.draft_vocab()
+model_dir.draft_vocab.model_dir = '%s'
 """
 
 
 def test_a_feature_draft_head_under_t5x_infer(env, tmp_path):
   """A run file that selects a feature-reading head as the draft (two lines over the card's
-  file): T5X restores the head (a checkpoint T5X itself wrote) into its state with the
-  target, and the predictions stay stock T5X's greedy ones, with the statistics as aux."""
+  file, plus its reduced draft vocabulary read from the head's config.json): T5X restores
+  the head (a checkpoint T5X itself wrote) into its state with the target, and the
+  predictions stay stock T5X's greedy ones, with the statistics as aux."""
   from specdec_t5x.algorithm import feature_draft  # pylint: disable=g-import-not-at-top
+  from specdec_t5x.integration import model_dir  # pylint: disable=g-import-not-at-top
   head_cfg = feature_draft.FeatureDraftConfig(
       vocab_size=CONFIG.vocab_size, target_emb_dim=CONFIG.emb_dim, emb_dim=16, num_heads=2,
-      head_dim=8, mlp_dim=32)
+      head_dim=8, mlp_dim=32, draft_vocab=tuple(range(0, CONFIG.vocab_size, 3)))
   head = _t5x_save(feature_draft.init_variables(head_cfg, jax.random.PRNGKey(5)),
                    tmp_path / 'head', orbax=True)
+  (tmp_path / 'head' / model_dir.CONFIG).write_text(
+      json.dumps(model_dir.config_to_dict(head_cfg)), 'utf-8')
+  assert model_dir.draft_vocab(str(tmp_path / 'head')) == head_cfg.draft_vocab
   gin_file = tmp_path / 'head.gin'
-  gin_file.write_text(_HEAD_GIN % (CONFIG.vocab_size, CONFIG.emb_dim))
+  gin_file.write_text(_HEAD_GIN % (CONFIG.vocab_size, CONFIG.emb_dim, tmp_path / 'head'))
   rows, logged = _t5x_infer(env, tmp_path / 'out', 'orbax', f"--gin.DRAFT_CHECKPOINT='{head}'",
                             '--gin.GAMMA=3', gin_file=str(gin_file))
   assert [r['prediction'] for r in rows] == env['stock']

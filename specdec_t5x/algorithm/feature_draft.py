@@ -37,6 +37,9 @@ from specdec_t5x.algorithm.layers import (Attention, Dense, Embed, MlpBlock,
                                           empty_decode_cache, kernel_init, mask_to_bias)
 
 
+NEVER = -1e9  # the logit of an id outside the head's reduced draft vocabulary
+
+
 @dataclasses.dataclass(frozen=True)
 class FeatureDraftConfig:
   """The head's sizes; `vocab_size` and `target_emb_dim` are the target's."""
@@ -49,6 +52,10 @@ class FeatureDraftConfig:
   num_layers: int = 1
   mlp_activations: Sequence[str] = ('gelu', 'linear')
   dtype: Any = jnp.float32
+  # A reduced draft vocabulary (EAGLE-3): the ids the head's logits cover, in increasing
+  # order (e.g. the commonest target tokens of the training data); every other id gets
+  # probability 0 (never drafted). Empty: the whole vocabulary.
+  draft_vocab: Tuple[int, ...] = ()
 
   def __post_init__(self):
     for name in ('vocab_size', 'target_emb_dim', 'emb_dim', 'num_heads', 'head_dim',
@@ -56,6 +63,18 @@ class FeatureDraftConfig:
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f'FeatureDraftConfig.{name} must be an integer >= 1, got {value!r}.')
+    ids = self.draft_vocab
+    if not isinstance(ids, tuple) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in ids) or (ids and (
+            ids[0] < 0 or ids[-1] >= self.vocab_size or any(a >= b for a, b in zip(ids, ids[1:])))):
+      raise ValueError('FeatureDraftConfig.draft_vocab must be a tuple of increasing token ids '
+                       f'in [0, vocab_size={self.vocab_size}) (empty: the whole vocabulary), '
+                       f'got {str(ids)[:80]}.')
+
+  @property
+  def output_vocab_size(self) -> int:
+    """How many logits the head computes (len(draft_vocab), or the whole vocabulary)."""
+    return len(self.draft_vocab) or self.vocab_size
 
 
 class HeadLayer(nn.Module):
@@ -103,7 +122,7 @@ class FeatureDraft(nn.Module):
     self.relpos_bias = RelativePositionBias(cfg.num_heads, False, cfg.dtype)
     self.layers = [HeadLayer(cfg) for _ in range(cfg.num_layers)]
     self.final_norm = RMSNorm(cfg.dtype)
-    self.logits_dense = Dense(cfg.vocab_size, jnp.float32, kernel_init(), ('embed', 'vocab'))
+    self.logits_dense = Dense(cfg.output_vocab_size, jnp.float32, kernel_init(), ('embed', 'vocab'))
     self.feature_out = Dense(cfg.target_emb_dim, jnp.float32, kernel_init(), ('mlp', 'embed'))
 
   def _inputs(self, tokens, features):
@@ -112,13 +131,25 @@ class FeatureDraft(nn.Module):
     return x + self.feature_in(features.astype(self.config.dtype)).astype(x.dtype)
 
   def _outputs(self, x):
-    """[b, k, emb] -> (logits [b, k, vocab] float32, predicted features [b, k, E] float32)."""
+    """[b, k, emb] -> (logits [b, k, output_vocab_size] float32, predicted features
+    [b, k, E] float32)."""
     h = self.final_norm(x)
     return self.logits_dense(h), self.feature_out(h)
 
+  def _full_vocabulary(self, logits):
+    """[b, k, output_vocab_size] -> [b, k, vocab_size]: ids outside a reduced draft
+    vocabulary get NEVER (finite, so a temperature cannot make it NaN; exp gives exactly 0)."""
+    ids = self.config.draft_vocab
+    if not ids:
+      return logits
+    full = jnp.full(logits.shape[:-1] + (self.config.vocab_size,), NEVER, logits.dtype)
+    return full.at[..., jnp.asarray(ids, jnp.int32)].set(logits, unique_indices=True,
+                                                          indices_are_sorted=True)
+
   def __call__(self, encoded, encoder_tokens, decoder_input_tokens, features,
                decoder_target_tokens=None, passes: int = 1):
-    """Teacher-forced passes -> [(logits [b, L, V], predicted features [b, L, E])] per pass.
+    """Teacher-forced passes -> [(logits [b, L, output_vocab_size], predicted features
+    [b, L, E])] per pass.
 
     encoded [b, enc, E]: the target's encoder output; features [b, L, E]: the target's
     features at t - 1 for each position t (zeros at 0). Pass 1 reads them; pass j > 1
@@ -182,7 +213,7 @@ class FeatureDraft(nn.Module):
     if pick is not None:
       x = rows.window(x, pick, 1)
     logits, predicted = self._outputs(x)
-    return logits, dict(cache, layers=new_layers), predicted
+    return self._full_vocabulary(logits), dict(cache, layers=new_layers), predicted
 
 
 def init_variables(config: FeatureDraftConfig, rng: jax.Array) -> Any:
@@ -211,6 +242,8 @@ def init_params(config: FeatureDraftConfig, rng: jax.Array, target_params: Any =
   w_in = params['feature_in']['kernel']  # [E, emb]
   params['token_embedder']['embedding'] = embedding @ w_in
   w_out = params['feature_out']['kernel']  # [emb, E]
+  if config.draft_vocab:
+    embedding = embedding[jnp.asarray(config.draft_vocab)]
   params['logits_dense']['kernel'] = (w_out @ embedding.T) / jnp.sqrt(
       jnp.float32(config.target_emb_dim))
   return params

@@ -87,3 +87,13 @@ def load(model_dir: str, dtype: Any = jnp.float32) -> tuple[T5Config, Params]:
   config = load_config(model_dir, dtype)
   params = load_params(model_dir, dtype=jnp.float32, config=config)
   return config, jax.tree_util.tree_map(jnp.asarray, params)
+
+
+def draft_vocab(model_dir: str) -> tuple[int, ...]:
+  """The reduced draft vocabulary of the feature head in `model_dir` (() for none): gin
+  files bind FeatureDraftConfig.draft_vocab = @model_dir.draft_vocab() with its path, so
+  the ids live in the head's config.json alone."""
+  config = load_config(model_dir)
+  if not isinstance(config, FeatureDraftConfig):
+    raise ValueError(f'{model_dir} holds a {type(config).__name__}, not a feature draft head.')
+  return config.draft_vocab

@@ -6,7 +6,8 @@ the target's distributions (EAGLE trains on fixed data too). Each step runs the 
 final features and logits: no gradient) and the head's `passes` self-fed passes over the
 same positions (pass j: the j-th draft call of a step). Loss per pass and position:
 soft cross-entropy against the target's distribution (EAGLE-3's objective; what alpha
-rewards at any temperature) + `feature_weight` x smooth-L1 between the head's predicted
+rewards at any temperature; over the head's reduced draft vocabulary when it has one, the
+target's mass outside it being out of the head's reach) + `feature_weight` x smooth-L1 between the head's predicted
 feature and the target's (EAGLE-1's regression, which the fed-back features need).
 Logged per pass: how often the head's argmax is the target's (greedy acceptance of the
 j-th draft given the earlier ones were right).
@@ -76,13 +77,15 @@ def make_steps(target_cfg: T5Config, head_cfg: feature_draft.FeatureDraftConfig,
     count = jnp.maximum(weights.sum(), 1.0)
     p = jax.nn.softmax(logits_t)
     best = jnp.argmax(logits_t, -1)
+    ids = jnp.asarray(head_cfg.draft_vocab or range(head_cfg.vocab_size), jnp.int32)
+    p = p[..., ids]  # a reduced draft vocabulary: the target's mass on its ids
     total, metrics = 0.0, {'count': weights.sum()}
     for j, (logits, predicted) in enumerate(outs, 1):
       ce = -jnp.sum(p * jax.nn.log_softmax(logits), -1)
       reg = jnp.mean(optax.huber_loss(predicted, feats), -1)
       total += jnp.sum((ce + feature_weight * reg) * weights) / count
       metrics[f'ce_{j}'] = jnp.sum(ce * weights)
-      metrics[f'agree_{j}'] = jnp.sum((jnp.argmax(logits, -1) == best) * weights)
+      metrics[f'agree_{j}'] = jnp.sum((ids[jnp.argmax(logits, -1)] == best) * weights)
     return total / passes, metrics
 
   def train_step(params, opt_state, target_params, batch, lr):
@@ -96,6 +99,42 @@ def make_steps(target_cfg: T5Config, head_cfg: feature_draft.FeatureDraftConfig,
     return loss_fn(params, target_params, batch)[1]
 
   return jax.jit(train_step, donate_argnums=(0, 1)), jax.jit(eval_step), tx
+
+
+def commonest_ids(data_dir: str, size: int, vocab_size: int) -> tuple[int, ...]:
+  """The `size` commonest token ids of the train split's targets (ties: lower id first),
+  increasing: a reduced draft vocabulary (FeatureDraftConfig.draft_vocab)."""
+  if not 0 < size <= vocab_size:
+    raise ValueError(f'A draft vocabulary of {size} ids does not fit vocab_size {vocab_size}.')
+  counts = np.zeros(vocab_size, np.int64)
+  for task in load_split(data_dir, 'train', vocab_size).values():
+    targets = task['targets']
+    counts += np.bincount(targets[targets > 0].ravel(), minlength=vocab_size)
+  order = np.argsort(-counts, kind='stable')[:size]
+  return tuple(int(i) for i in np.sort(order))
+
+
+def start_from(params: Params, head_cfg: feature_draft.FeatureDraftConfig,
+               init_dir: str) -> Params:
+  """`params` with every weight taken from the exported head in `init_dir` (same sizes);
+  its output layer's columns are picked for `head_cfg`'s draft vocabulary."""
+  old_cfg, old = model_dir.load(init_dir)
+  if not isinstance(old_cfg, feature_draft.FeatureDraftConfig) or dataclasses.replace(
+      old_cfg, draft_vocab=(), dtype=head_cfg.dtype) != dataclasses.replace(
+          head_cfg, draft_vocab=()):
+    raise ValueError(f'{init_dir} holds {old_cfg}, not a head of these sizes ({head_cfg}).')
+  old = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), old)
+  kernel = old['logits_dense']['kernel']  # [emb, old output vocab]
+  column = np.full(head_cfg.vocab_size, -1)
+  column[list(old_cfg.draft_vocab or range(old_cfg.vocab_size))] = np.arange(kernel.shape[1])
+  wanted = column[list(head_cfg.draft_vocab or range(head_cfg.vocab_size))]
+  if np.any(wanted < 0):
+    raise ValueError(f'{init_dir}\'s draft vocabulary lacks {int(np.sum(wanted < 0))} of the '
+                     'ids this head covers.')
+  out = dict(old, logits_dense=dict(old['logits_dense'], kernel=kernel[:, wanted]))
+  if jax.tree_util.tree_structure(out) != jax.tree_util.tree_structure(params):
+    raise ValueError(f'{init_dir}\'s parameter tree is not this head\'s.')
+  return out
 
 
 def _rates(metrics: list, passes: int) -> dict:
@@ -112,11 +151,12 @@ def _rates(metrics: list, passes: int) -> dict:
 def train_head(target_dir: str, data_dir: str, workdir: str,
                head_cfg: feature_draft.FeatureDraftConfig, cfg: TrainConfig, *,
                passes: int = 3, feature_weight: float = 1.0, max_target_len: Optional[int] = None,
-               progress: bool = False) -> tuple[Params, dict]:
+               init_from: Optional[str] = None, progress: bool = False) -> tuple[Params, dict]:
   """Trains (or resumes) the head in `workdir` until `cfg.steps` (or `cfg.max_seconds`
   per call); returns (params, the end record of log.jsonl). `max_target_len`: train on
   the first decoder positions only (the vocabulary-sized work per position dominates a
-  step on CPU; validation sees every position)."""
+  step on CPU; validation sees every position). `init_from`: an exported head's model dir
+  to start from (`start_from`) instead of the target-initialised random head."""
   if cfg.steps is None:
     raise ValueError('train_head needs TrainConfig.steps (the cosine schedule spans them).')
   if passes < 1:
@@ -137,14 +177,15 @@ def train_head(target_dir: str, data_dir: str, workdir: str,
   settings = {'head': dataclasses.asdict(head_cfg) | {'dtype': jnp.dtype(head_cfg.dtype).name},
               'target': os.path.abspath(target_dir), 'passes': passes,
               'feature_weight': feature_weight, 'max_target_len': max_target_len,
+              'init_from': init_from and os.path.abspath(init_from),
               'train': dataclasses.asdict(cfg)}
   config_path = os.path.join(workdir, 'config.json')
   resuming = train_state.latest_step(workdir)
   if resuming and os.path.isfile(config_path):
     with open(config_path, encoding='utf-8') as f:
       saved = json.load(f)
-    changed = [k for k in ('head', 'passes', 'feature_weight', 'max_target_len') if saved.get(k) != json.loads(
-        json.dumps(settings[k]))]
+    changed = [k for k in ('head', 'passes', 'feature_weight', 'max_target_len', 'init_from')
+               if saved.get(k) != json.loads(json.dumps(settings[k]))]
     changed += [k for k in ('steps', 'batch_size', 'learning_rate', 'warmup_steps', 'seed')
                 if saved['train'].get(k) != settings['train'][k]]
     if changed:
@@ -155,6 +196,8 @@ def train_head(target_dir: str, data_dir: str, workdir: str,
   train_state.truncate_log(workdir, resuming or 0)
   run_dir.write_atomic(config_path, json.dumps(settings, indent=1))
   params = feature_draft.init_params(head_cfg, jax.random.PRNGKey(cfg.seed), target_params)
+  if init_from and not resuming:
+    params = start_from(params, head_cfg, init_from)
   opt_state = tx.init(params)
   step, cursors, elapsed = 0, np.zeros(len(mixture.names), np.int64), 0.0
   if resuming:
