@@ -7,8 +7,8 @@ final features and logits: no gradient) and the head's `passes` self-fed passes 
 same positions (pass j: the j-th draft call of a step). Loss per pass and position:
 soft cross-entropy against the target's distribution (EAGLE-3's objective; what alpha
 rewards at any temperature; over the head's reduced draft vocabulary when it has one, the
-target's mass outside it being out of the head's reach) + `feature_weight` x smooth-L1 between the head's predicted
-feature and the target's (EAGLE-1's regression, which the fed-back features need).
+target's mass outside it being out of the head's reach) + `feature_weight` x smooth-L1
+between the head's predicted feature and the target's (EAGLE-1's regression, which the fed-back features need).
 Logged per pass: how often the head's argmax is the target's (greedy acceptance of the
 j-th draft given the earlier ones were right).
 
@@ -77,15 +77,18 @@ def make_steps(target_cfg: T5Config, head_cfg: feature_draft.FeatureDraftConfig,
     count = jnp.maximum(weights.sum(), 1.0)
     p = jax.nn.softmax(logits_t)
     best = jnp.argmax(logits_t, -1)
-    ids = jnp.asarray(head_cfg.draft_vocab or range(head_cfg.vocab_size), jnp.int32)
-    p = p[..., ids]  # a reduced draft vocabulary: the target's mass on its ids
+    ids = jnp.asarray(head_cfg.draft_vocab, jnp.int32) if head_cfg.draft_vocab else None
+    if ids is not None:
+      p = p[..., ids]  # a reduced draft vocabulary: the target's mass on its ids
     total, metrics = 0.0, {'count': weights.sum()}
     for j, (logits, predicted) in enumerate(outs, 1):
       ce = -jnp.sum(p * jax.nn.log_softmax(logits), -1)
       reg = jnp.mean(optax.huber_loss(predicted, feats), -1)
       total += jnp.sum((ce + feature_weight * reg) * weights) / count
       metrics[f'ce_{j}'] = jnp.sum(ce * weights)
-      metrics[f'agree_{j}'] = jnp.sum((ids[jnp.argmax(logits, -1)] == best) * weights)
+      guess = jnp.argmax(logits, -1)
+      guess = guess if ids is None else ids[guess]
+      metrics[f'agree_{j}'] = jnp.sum((guess == best) * weights)
     return total / passes, metrics
 
   def train_step(params, opt_state, target_params, batch, lr):
