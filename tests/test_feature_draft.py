@@ -19,7 +19,7 @@ from conftest import make_model, random_inputs, tiny_config
 import test_distribution as td
 from specdec_t5x import generate
 from test_decoding import _eos_mid_batch
-from specdec_t5x.algorithm import api, feature_draft, sampling
+from specdec_t5x.algorithm import api, decoding, drafting, feature_draft, sampling
 
 
 def make_head(target_params, vocab, emb=32, seed=3, layers=1, draft_vocab=()):
@@ -195,7 +195,7 @@ def test_a_head_for_another_target_width_is_refused(models):
     generate(target, random_inputs(1, 4, 8), draft=other, gamma=2, max_decode_length=4)
 
 
-def test_a_reduced_draft_vocabulary_gives_other_ids_probability_zero(models):
+def test_a_reduced_draft_vocabulary_gives_logits_over_its_ids_only(models):
   target, _ = models
   ids = (1, 2, 5, 6, 7)
   full = make_head(target[1], 8, seed=5)
@@ -213,37 +213,75 @@ def test_a_reduced_draft_vocabulary_gives_other_ids_probability_zero(models):
   cache = small[0].apply(variables, encoded, enc, 8, method='init_cache')
   got, _, _ = small[0].apply(variables, cache, tokens[:, :3], jnp.zeros(2, jnp.int32),
                              jnp.zeros((2, 3, 32)), method='extend')
-  assert got.shape == (2, 3, 8)
-  np.testing.assert_array_equal(got[..., [0, 3, 4]], feature_draft.NEVER)
+  assert got.shape == (2, 3, 5)
   full_got, _, _ = full[0].apply({'params': full[1]}, full[0].apply(
       {'params': full[1]}, encoded, enc, 8, method='init_cache'), tokens[:, :3],
       jnp.zeros(2, jnp.int32), jnp.zeros((2, 3, 32)), method='extend')
-  np.testing.assert_allclose(got[..., list(ids)], full_got[..., list(ids)], atol=1e-5)
-  probs = np.asarray(sampling.standardize(got, sampling.SamplingConfig(0.05)))
-  assert np.all(np.isfinite(probs)) and np.all(probs[..., [0, 3, 4]] == 0)
+  np.testing.assert_allclose(got, full_got[..., list(ids)], atol=1e-5)
+  vocab = feature_draft.vocabulary(small[0].config)
+  np.testing.assert_array_equal(vocab.ids, ids)
+  np.testing.assert_array_equal(vocab.columns, [5, 0, 1, 5, 5, 2, 3, 4])
+  assert feature_draft.vocabulary(full[0].config) is None
 
 
-@pytest.mark.parametrize('batch', [1, 4])
-def test_greedy_with_a_reduced_draft_vocabulary_equals_autoregressive(target_and_draft, batch):
+def test_draft_distributions_over_a_reduced_vocabulary_widen_with_zeros_elsewhere():
+  vocab = drafting.draft_vocabulary((1, 2, 5), 7)
+  q = jnp.asarray([[[0.5, 0.25, 0.25]], [[0.0, 1.0, 0.0]]])  # [b=2, gamma=1, Vd=3]
+  np.testing.assert_array_equal(drafting.full_distributions(q, vocab), [
+      [[0, 0.5, 0.25, 0, 0, 0.25, 0]], [[0, 0, 1.0, 0, 0, 0, 0]]])
+  assert drafting.full_distributions(q, None) is q
+  logits = jnp.asarray([[0.1, 3.0, -1.0], [2.0, 2.0, 0.0]])
+  token, q_greedy, bad = drafting.propose(logits, None, 0, sampling.SamplingConfig(), vocab)
+  np.testing.assert_array_equal(token, [2, 1])  # ties: the first column, the smaller id
+  assert q_greedy is None and not np.any(bad)
+  keys = jax.random.split(jax.random.PRNGKey(0), 2)[:, None]
+  token, q_top, _ = drafting.propose(logits, keys, 0, sampling.SamplingConfig(1.0, topk=5),
+                                     vocab)  # top-k beyond the draft vocabulary keeps it all
+  assert set(np.asarray(token).tolist()) <= {1, 2, 5} and q_top.shape == (2, 3)
+  np.testing.assert_allclose(q_top, jax.nn.softmax(logits), rtol=1e-6)
+
+
+@pytest.mark.parametrize('batch,policy', [(1, 'fixed'), (4, 'fixed'), (4, 'confidence')])
+def test_greedy_with_a_reduced_draft_vocabulary_equals_autoregressive(target_and_draft, batch,
+                                                                      policy):
   target = target_and_draft[0]
   head = make_head(target[1], 40, draft_vocab=tuple(range(1, 40, 3)))
   enc = random_inputs(batch, 9, 40, seed=0)
   eos = _eos_mid_batch(target, enc, 14) if batch > 1 else 1
   ar = generate(target, enc, max_decode_length=14, eos_id=eos)
   for gamma in (1, 3, 8):
-    spec = generate(target, enc, draft=head, gamma=gamma, max_decode_length=14, eos_id=eos)
+    spec = generate(target, enc, draft=head, gamma=gamma, max_decode_length=14, eos_id=eos,
+                    gamma_policy=policy)
     np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(ar.tokens),
                                   err_msg=f'gamma={gamma}')
 
 
-@pytest.mark.parametrize('cfg', td.CASES[:3], ids=['t1', 't0.6', 'topk3'])
-def test_sampling_with_a_reduced_draft_vocabulary_matches_exact_distribution(dist_models, cfg):
-  """Ids 2 and 4 are never drafted: only the residual can emit them."""
+@pytest.mark.parametrize('cfg,verifier', [
+    (td.CASES[0], 'token'), (td.CASES[1], 'token'), (td.CASES[2], 'token'),
+    (td.CASES[3], 'token'), (sampling.SamplingConfig(1.0, topk=5), 'token'),
+    (td.CASES[0], 'block')], ids=['t1', 't0.6', 'topk3', 'topp0.7', 'topk5', 'block'])
+def test_sampling_with_a_reduced_draft_vocabulary_matches_exact_distribution(
+    dist_models, cfg, verifier):
+  """Ids 2 and 4 are never drafted: only the residual can emit them (top-k 5 exceeds the
+  head's 4 ids)."""
   target = dist_models[0]
   head = make_head(target[1], td.VOCAB, seed=12, draft_vocab=(0, 1, 3, 5))
   exact = td.exact_probabilities(target, td.ENC, cfg)
-  counts = td.sample_counts(target, head, td.ENC, cfg, seed=23, gamma=2)
+  counts = td.sample_counts(target, head, td.ENC, cfg, seed=23, gamma=2, verifier=verifier)
   assert td.chi2_pvalue(exact, counts) > 1e-3
+
+
+def test_a_reduced_vocabulary_widened_onto_the_wrong_ids_is_detected(dist_models, monkeypatch):
+  """The control: the draft's distributions handed to the verifier over the wrong ids."""
+  target = dist_models[0]
+  head = make_head(target[1], td.VOCAB, seed=12, draft_vocab=(0, 1, 3, 5))
+  cfg = sampling.SamplingConfig(1.0)
+  exact = td.exact_probabilities(target, td.ENC, cfg)
+  right = decoding.full_distributions
+  monkeypatch.setattr(decoding, 'full_distributions',
+                      lambda q, vocab: jnp.roll(right(q, vocab), 1, axis=-1))
+  monkeypatch.setattr(api, '_COMPILED', collections.OrderedDict())
+  assert td.chi2_pvalue(exact, td.sample_counts(target, head, td.ENC, cfg, seed=23)) < 1e-6
 
 
 @pytest.mark.parametrize('bad', [(3, 2), (-1, 2), (2, 8), (2, 2), [1, 2], (True,), (2.0,)])

@@ -205,7 +205,8 @@ def decode_program(target_module, draft_module, *, max_len: int, config: DecodeC
     return decoding.speculative_decode(
         target_fn, wrap('draft', _extend_fn(draft_module, draft_vars)), target_cache,
         draft_cache, rng, batch=batch, max_len=max_len, config=config, eos_id=eos_id,
-        prompt=prompt, feature_dim=target_module.config.emb_dim if features else None)
+        prompt=prompt, feature_dim=target_module.config.emb_dim if features else None,
+        draft_vocab=feature_draft.vocabulary(draft_module.config) if features else None)
 
   return run
 

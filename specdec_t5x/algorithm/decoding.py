@@ -36,8 +36,9 @@ import jax.numpy as jnp
 
 from specdec_t5x.algorithm import config as config_lib
 from specdec_t5x.algorithm import rows, sampling
-from specdec_t5x.algorithm.drafting import (draft_block, draft_unrolled, feature_drafter,
-                                            propose, token_drafter)
+from specdec_t5x.algorithm.drafting import (DraftVocabulary, draft_block, draft_unrolled,
+                                            feature_drafter, full_distributions, propose,
+                                            token_drafter)
 from specdec_t5x.algorithm.stats import DecodeStats
 
 # Re-exported: the policy type lives with the decode configuration.
@@ -203,8 +204,9 @@ def _running_alpha_gamma(hits, tests, gamma: int, cost_ratio: float):
 
 def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, draft_cache, rng,
                        *, batch: int, max_len: int, config: DecodeConfig,
-                       eos_id: int, prompt=None,
-                       feature_dim: Optional[int] = None) -> Tuple[jax.Array, DecodeStats]:
+                       eos_id: int, prompt=None, feature_dim: Optional[int] = None,
+                       draft_vocab: Optional[DraftVocabulary] = None
+                       ) -> Tuple[jax.Array, DecodeStats]:
   """Algorithm 1 inside one `lax.while_loop`. Returns (tokens [b, max_len], stats).
 
   `config`: an integer gamma (the static maximum draft length), the sampling settings,
@@ -218,6 +220,10 @@ def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, dr
   return_features) and draft_fn is the head's extend (cache, tokens, positions, features
   [b, k, E], pick=None) -> (logits, cache, predicted features); see feature_drafter.
   Only what the draft proposes changes: the verify call and the rule are the same.
+
+  `draft_vocab` (drafting.DraftVocabulary): draft_fn's logits cover these ids only (a
+  reduced draft vocabulary); the draft samples over them, and its distributions are widened
+  to the whole vocabulary once per step, before the verifier reads them.
   """
   gamma, cfg, policy = config.gamma, config.sampling, config.gamma_policy
   lenience, verifier = config.lenience, config.verifier
@@ -245,10 +251,10 @@ def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, dr
       first, step = token_drafter(draft_fn, s, catch_up_when_behind=policy.kind != 'fixed')
     if policy.kind == 'fixed':
       xs, qs, carry, steps, count, draft_bad = draft_unrolled(
-          first, step, s, keys, num_steps, gamma, cfg)
+          first, step, s, keys, num_steps, gamma, cfg, draft_vocab)
     else:
       xs, qs, carry, steps, count, draft_bad = draft_block(
-          first, step, s, keys, num_steps, limit, gamma, cfg, threshold)
+          first, step, s, keys, num_steps, limit, gamma, cfg, threshold, draft_vocab)
     draft_cache = carry if feature_dim is None else carry[0]
     num_drafted = jnp.minimum(limit, count)
 
@@ -266,6 +272,7 @@ def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, dr
       p, bad = sampling.standardize_checked(logits, cfg)  # [b, gamma + 1, V], [b, gamma + 1]
       bad = jnp.any(bad, axis=1)
       uniforms = jax.vmap(lambda k: jax.random.uniform(k, (gamma,)))(keys[:, gamma])
+      qs = full_distributions(qs, draft_vocab)  # [b, gamma, V]
       if verifier == 'block':
         n_acc, dist = sampling.accept_block(uniforms, xs, qs, p, num_drafted)
       else:

@@ -5,27 +5,66 @@ them either unrolled (fixed gamma) or in a while loop (adaptive gamma policies).
 draft (a model or n-gram table: token_drafter) re-feeds the last verified tokens; a
 feature-reading head (feature_draft.py: feature_drafter) re-feeds the last verify
 window with the target's features. `s` is the loop's DecodeState.
+
+A draft may have logits over a reduced draft vocabulary (a DraftVocabulary: EAGLE-3's
+commonest ids): it then drafts, and keeps its distributions, over those ids only, and the
+loop widens the distributions to the whole vocabulary once per step, for the verifier
+(`full_distributions`; every other id has probability 0, so the rule is unchanged).
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import dataclasses
+from typing import NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec_t5x.algorithm import rows, sampling
 
 
-def propose(logits, keys, i, cfg: sampling.SamplingConfig):
-  """logits [b, V] -> (token [b], distribution [b, V] or None when greedy, nonfinite [b]:
-  the logits hold a NaN or an infinity)."""
+class DraftVocabulary(NamedTuple):
+  """The token ids of a draft's logits columns, when they are not the whole vocabulary."""
+  ids: jax.Array  # [Vd] int32, increasing: column j's token id
+  columns: jax.Array  # [V] int32: each token id's column, or Vd (an id never drafted)
+
+
+def draft_vocabulary(ids: Sequence[int], vocab_size: int) -> DraftVocabulary:
+  """Increasing ids in [0, vocab_size) -> their DraftVocabulary (numpy arrays)."""
+  ids = np.asarray(ids, np.int32)
+  columns = np.full((vocab_size,), len(ids), np.int32)
+  columns[ids] = np.arange(len(ids), dtype=np.int32)
+  return DraftVocabulary(ids, columns)
+
+
+def full_distributions(q, vocab: Optional[DraftVocabulary]):
+  """q [..., Vd] over the draft's columns -> [..., V] over the vocabulary (0 off its ids):
+  a gather through `columns` with one zero appended (XLA:CPU runs a scatter as a scalar
+  loop)."""
+  if vocab is None:
+    return q
+  zero = jnp.zeros(q.shape[:-1] + (1,), q.dtype)
+  return jnp.take(jnp.concatenate([q, zero], axis=-1), jnp.asarray(vocab.columns), axis=-1)
+
+
+def propose(logits, keys, i, cfg: sampling.SamplingConfig,
+            vocab: Optional[DraftVocabulary] = None):
+  """logits [b, V] (or [b, Vd] over `vocab`'s columns) -> (token id [b], distribution over
+  the logits' columns [b, V or Vd] or None when greedy, nonfinite [b]: the logits hold a
+  NaN or an infinity). Top-k larger than the draft vocabulary keeps all of it."""
   if cfg.greedy:
     token, bad = sampling.argmax_checked(logits)
-    return token, None, bad
-  probs, bad = sampling.standardize_checked(logits, cfg)
-  key = jax.lax.dynamic_index_in_dim(keys, i, axis=1, keepdims=False)
-  return sampling.sample(key, probs), probs, bad
+    probs = None
+  else:
+    if cfg.topk > logits.shape[-1]:
+      cfg = dataclasses.replace(cfg, topk=logits.shape[-1])
+    probs, bad = sampling.standardize_checked(logits, cfg)
+    key = jax.lax.dynamic_index_in_dim(keys, i, axis=1, keepdims=False)
+    token = sampling.sample(key, probs)
+  if vocab is not None:
+    token = jnp.asarray(vocab.ids)[token]
+  return token, probs, bad
 
 
 def confidence(logits, q):
@@ -84,7 +123,8 @@ def feature_drafter(draft_fn, s):
 
 
 def draft_block(first, step, s, keys, num_steps, limit, gamma: int,
-                 cfg: sampling.SamplingConfig, threshold: Optional[float] = None):
+                 cfg: sampling.SamplingConfig, threshold: Optional[float] = None,
+                 vocab: Optional[DraftVocabulary] = None):
   """Drafts up to `num_steps` (<= gamma, traced) tokens per row.
 
   `first` = (logits [b, V] for position n, carry) and `step` come from a drafter
@@ -92,12 +132,13 @@ def draft_block(first, step, s, keys, num_steps, limit, gamma: int,
   With `threshold`, a row stops once the draft's confidence for its next position falls
   below it (its first draft always counts), and the loop ends when no row with room goes on.
 
-  Returns (x [b, gamma], q [b, gamma, V] or None when greedy, carry, steps: the loop's
+  Returns (x [b, gamma], q [b, gamma, V] (Vd over `vocab`'s columns) or None when
+  greedy, carry, steps: the loop's
   draft calls after the first (x_steps was never fed to the draft), count [b]: drafts
   made for each row before it stopped, bad [b]: a draft call gave NaN/inf logits).
   """
   logits, carry = first
-  x1, q1, bad = propose(logits, keys, 0, cfg)
+  x1, q1, bad = propose(logits, keys, 0, cfg, vocab)
   xs = jnp.zeros((x1.shape[0], gamma), jnp.int32).at[:, 0].set(x1)
   qs = None if q1 is None else jnp.zeros(q1.shape[:1] + (gamma,) + q1.shape[1:]).at[:, 0].set(q1)
   going = jnp.ones(x1.shape, bool)  # [b]
@@ -107,7 +148,7 @@ def draft_block(first, step, s, keys, num_steps, limit, gamma: int,
     i, xs, qs, carry, going, count, bad = loop
     x_prev = jax.lax.dynamic_index_in_dim(xs, i - 1, axis=1, keepdims=False)  # [b]
     logits, carry = step(carry, x_prev, s.length + i)
-    x, q, bad_i = propose(logits, keys, i, cfg)
+    x, q, bad_i = propose(logits, keys, i, cfg, vocab)
     bad = bad | bad_i
     xs = jax.lax.dynamic_update_index_in_dim(xs, x, i, axis=1)
     if qs is not None:
@@ -132,7 +173,7 @@ def draft_block(first, step, s, keys, num_steps, limit, gamma: int,
 
 
 def draft_unrolled(first, step, s, keys, num_steps, gamma: int,
-                    cfg: sampling.SamplingConfig):
+                    cfg: sampling.SamplingConfig, vocab: Optional[DraftVocabulary] = None):
   """`draft_block` for the fixed policy: gamma draft calls unrolled, no loop or branch.
 
   With a token draft the first call always re-feeds y_{n-2} at n - 1 with y_{n-1} at n
@@ -145,7 +186,7 @@ def draft_unrolled(first, step, s, keys, num_steps, gamma: int,
   for i in range(gamma):
     if i:
       logits, carry = step(carry, xs[-1], s.length + i)
-    x, q, bad_i = propose(logits, keys, i, cfg)
+    x, q, bad_i = propose(logits, keys, i, cfg, vocab)
     bad = bad | bad_i
     xs.append(x)
     qs.append(q)

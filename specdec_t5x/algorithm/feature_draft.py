@@ -10,8 +10,8 @@ target emitted from position t - 1) plus a projection of the target's feature at
 (`Transformer.extend(..., return_features=True)`: the decoder's final normalised hidden
 state, zeros before position 0). Its decoder layers (cached self-attention over earlier
 head positions, cross-attention to the target's encoder output, gated MLP) end in two
-outputs: logits over the full vocabulary (its own `logits_dense`, float32) and a predicted
-target feature (`feature_out`). Past the last verified token the head feeds its predicted
+outputs: logits over the vocabulary or a reduced draft vocabulary (its own `logits_dense`,
+float32) and a predicted target feature (`feature_out`). Past the last verified token the head feeds its predicted
 feature back (EAGLE-1's feature feedback); training runs several such self-fed passes with
 the attention pattern of decoding (`__call__`'s `passes`, EAGLE-3's training-time test).
 
@@ -31,13 +31,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from specdec_t5x.algorithm import rows
+from specdec_t5x.algorithm import drafting, rows
 from specdec_t5x.algorithm.layers import (Attention, Dense, Embed, MlpBlock,
                                           RelativePositionBias, RMSNorm, decode_biases,
                                           empty_decode_cache, kernel_init, mask_to_bias)
 
-
-NEVER = -1e9  # the logit of an id outside the head's reduced draft vocabulary
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,16 +134,6 @@ class FeatureDraft(nn.Module):
     h = self.final_norm(x)
     return self.logits_dense(h), self.feature_out(h)
 
-  def _full_vocabulary(self, logits):
-    """[b, k, output_vocab_size] -> [b, k, vocab_size]: ids outside a reduced draft
-    vocabulary get NEVER (finite, so a temperature cannot make it NaN; exp gives exactly 0)."""
-    ids = self.config.draft_vocab
-    if not ids:
-      return logits
-    full = jnp.full(logits.shape[:-1] + (self.config.vocab_size,), NEVER, logits.dtype)
-    return full.at[..., jnp.asarray(ids, jnp.int32)].set(logits, unique_indices=True,
-                                                          indices_are_sorted=True)
-
   def __call__(self, encoded, encoder_tokens, decoder_input_tokens, features,
                decoder_target_tokens=None, passes: int = 1):
     """Teacher-forced passes -> [(logits [b, L, output_vocab_size], predicted features
@@ -196,8 +184,10 @@ class FeatureDraft(nn.Module):
   def extend(self, cache, tokens, positions, features, pick: Optional[jax.Array] = None):
     """tokens [b, k] at positions [b].., the target's (or the head's predicted) features
     at the positions before them [b, k, E] -> (logits, cache, predicted features): at every
-    position ([b, k, V], [b, k, E]) or, with `pick` [b], at row r's position pick[r] only
-    ([b, 1, V], [b, 1, E])."""
+    position ([b, k, V'], [b, k, E]) or, with `pick` [b], at row r's position pick[r] only
+    ([b, 1, V'], [b, 1, E]). V' = config.output_vocab_size: with a reduced draft
+    vocabulary the logits are over its ids (`vocabulary()` maps them; the loop drafts
+    over them and gives every other id probability 0)."""
     self_bias, cross_bias = decode_biases(self.relpos_bias, cache, positions, tokens.shape[1],
                                           self.config.dtype)
     x = self._inputs(tokens, features)
@@ -213,7 +203,14 @@ class FeatureDraft(nn.Module):
     if pick is not None:
       x = rows.window(x, pick, 1)
     logits, predicted = self._outputs(x)
-    return self._full_vocabulary(logits), dict(cache, layers=new_layers), predicted
+    return logits, dict(cache, layers=new_layers), predicted
+
+
+def vocabulary(config: FeatureDraftConfig) -> Optional[drafting.DraftVocabulary]:
+  """The ids of the head's logits columns for the decoding loop (None: the whole vocabulary)."""
+  if not config.draft_vocab:
+    return None
+  return drafting.draft_vocabulary(config.draft_vocab, config.vocab_size)
 
 
 def init_variables(config: FeatureDraftConfig, rng: jax.Array) -> Any:
