@@ -6,7 +6,7 @@ r"""The feature-reading draft head against the small draft model, on the demo fa
 Run from the repository root on an idle machine. Three parts, one process:
 
 1. Acceptance (deterministic counts, no timing): for each task (ende, summarize),
-   temperature (0, 1), draft (demo_feature_head, demo_draft_m) and gamma, speculative
+   temperature (0, 1), draft (--head, demo_draft_m) and gamma, speculative
    decoding of the task's first --num_examples test inputs (batches of 16): alpha =
    accepted / drafted, alpha_1 (the first draft's acceptance), per-position acceptance,
    tokens per target call.
@@ -30,7 +30,7 @@ from tqdm import tqdm
 from specdec_t5x.algorithm import api, batching, sampling, timing
 from specdec_t5x.research import evaluation, harness, speed
 
-HEAD, DRAFT, TARGET = 'demo_feature_head', 'demo_draft_m', 'demo_target'
+HEAD, DRAFT, TARGET = 'demo_feature_head_4k', 'demo_draft_m', 'demo_target'  # HEAD: --head's default
 
 
 def acceptance(target, drafts, tasks, temperatures, gammas, n, max_len, bar):
@@ -52,13 +52,13 @@ def acceptance(target, drafts, tasks, temperatures, gammas, n, max_len, bar):
   return rows
 
 
-def by_length(target, drafts, n, max_len, gammas, cost, repeats):
+def by_length(target, drafts, head, n, max_len, gammas, cost, repeats):
   """speed.sweep over three groups of EN->DE inputs split by AR output length."""
   examples = evaluation.load_examples('ende', n)
   enc_all = batching.pad_batch([e.inputs for e in examples])
   ar = api.generate(target, enc_all, max_decode_length=max_len)
   lengths = np.asarray(ar.stats['generated_tokens'])
-  ids = drafts[HEAD][0].config.draft_vocab
+  ids = drafts[head][0].config.draft_vocab
   tokens = np.asarray(ar.tokens)[np.arange(ar.tokens.shape[1])[None] < lengths[:, None]]
   covered = float(np.isin(tokens, ids).mean()) if ids else 1.0
   order = np.argsort(lengths, kind='stable')
@@ -81,10 +81,12 @@ def main(argv=None):
   ap.add_argument('--timed_gammas', type=harness.ints, default=[3, 4])
   ap.add_argument('--temperatures', type=harness.floats, default=[0.0, 1.0])
   ap.add_argument('--max_len', type=int, default=64)
+  ap.add_argument('--head', default=HEAD, help='the feature head (a checkpoints/demo model)')
   args = ap.parse_args(argv)
+  head = args.head
   target = evaluation.load_model(TARGET)
   tasks = ['ende', 'summarize']
-  drafts = {t: {HEAD: evaluation.load_model(HEAD, t), DRAFT: evaluation.load_model(DRAFT, t)}
+  drafts = {t: {head: evaluation.load_model(head, t), DRAFT: evaluation.load_model(DRAFT, t)}
             for t in tasks}
   total = len(tasks) * len(args.temperatures) * 2 * len(args.gammas)
   with tqdm(total=total, desc='acceptance') as bar:
@@ -92,19 +94,19 @@ def main(argv=None):
                       args.num_examples, args.max_len, bar)
   enc = batching.pad_batch([e.inputs for e in evaluation.load_examples('ende', 8)])
   cost = speed.costs(target, drafts['ende'], enc, args.timed_gammas, max_len=args.max_len)
-  first = {f't_head_first_call_{g + 1}': (*drafts['ende'][HEAD], g + 1) for g in args.timed_gammas}
+  first = {f't_head_first_call_{g + 1}': (*drafts['ende'][head], g + 1) for g in args.timed_gammas}
   cost.update(timing.call_costs(first, batching.trim_batch(enc[:1]), repeats=7,
                                       cache_len=args.max_len + max(args.timed_gammas) + 1))
-  groups, covered = by_length(target, drafts['ende'], args.timed_examples, args.max_len,
+  groups, covered = by_length(target, drafts['ende'], head, args.timed_examples, args.max_len,
                      args.timed_gammas, cost, args.repeats)
   report = harness.Report(__file__, args, argv)
-  c = {name: cost[f't_draft_step_{name}'] / cost['t_target_step'] for name in (HEAD, DRAFT)}
-  vocab = drafts['ende'][HEAD][0].config.output_vocab_size
+  c = {name: cost[f't_draft_step_{name}'] / cost['t_target_step'] for name in (head, DRAFT)}
+  vocab = drafts['ende'][head][0].config.output_vocab_size
   report.data.update(acceptance=rows, costs_s=cost, c=c, by_length=groups,
                      head_output_vocab=vocab, head_vocab_covers_ar_tokens=covered)
   md = report.header(
       'A draft head that reads the target vs a small draft model (demo family)',
-      f'Target {TARGET}; drafts {HEAD} (one layer over the target\'s features, no encoder) '
+      f'Target {TARGET}; drafts {head} (one layer over the target\'s features, no encoder) '
       f'and {DRAFT} (a 2+2-layer T5). c = one-token draft call / target step: '
       + ', '.join(f'{k} {v:.3f}' for k, v in c.items()) + '; the head\'s first call of a '
       'step (gamma + 1 positions, one kept): ' + ', '.join(

@@ -5,13 +5,12 @@ r"""Trains a feature-reading draft head (EAGLE-style) for a frozen target, and e
       --data data/corpus/npz --workdir runs/demo_feature_head --steps 4000 \
       --mixing_rates ende=3,summarize=1 --export checkpoints/demo/demo_feature_head \
       --vocab data/vocab/demo_spm.model
-  # a variant with a 4096-id draft vocabulary, fine-tuned from it (~55 min; not committed:
-  # its c measured 0.146 vs 0.116, the scatter into the whole vocabulary costing more
-  # than its smaller output layer saves):
+  # checkpoints/demo/demo_feature_head_4k (the head of configs/demo_feature_draft.gin):
+  # logits over the 4096 commonest target ids, fine-tuned from the head above (61 min):
   python scripts/train_feature_draft.py --target checkpoints/demo/demo_target \
       --data data/corpus/npz --workdir runs/demo_feature_head_ft --steps 3000 \
       --learning_rate 1e-3 --mixing_rates ende=3,summarize=1 --draft_vocab_size 4096 \
-      --init_from checkpoints/demo/demo_feature_head --export runs/demo_feature_head_v2 \
+      --init_from checkpoints/demo/demo_feature_head --export checkpoints/demo/demo_feature_head_4k \
       --vocab data/vocab/demo_spm.model
 
 trains on the corpus's sentences teacher forced through the target, against the target's

@@ -95,9 +95,12 @@ def test_self_fed_passes_attend_as_the_draft_calls_do(models):
     np.testing.assert_allclose(logits[:, 0], passes[j - 1][0][:, t], atol=1e-4)
 
 
-def replay_accepted(passes, tokens, gamma, max_len):
-  """Greedy accepted drafts per row, replayed from the teacher-forced passes."""
+def replay_accepted(passes, tokens, gamma, max_len, draft_vocab=()):
+  """Greedy accepted drafts per row, replayed from the teacher-forced passes (whose logits
+  are over `draft_vocab`'s ids when the head has a reduced vocabulary)."""
   best = np.stack([np.argmax(np.asarray(p[0]), -1) for p in passes])  # [gamma, b, L]
+  if draft_vocab:
+    best = np.asarray(draft_vocab)[best]
   out = []
   for r in range(tokens.shape[0]):
     n, accepted = 0, 0

@@ -1,4 +1,4 @@
-"""The committed feature draft head of the demo target (checkpoints/demo/demo_feature_head):
+"""The committed feature draft head of the demo target (checkpoints/demo/demo_feature_head_4k):
 its gin file runs the demo exactly (the speculative predictions are the baseline's), its
 acceptances on real sentences replay from its teacher-forced passes, and its model
 directory records the demo vocabulary."""
@@ -17,7 +17,7 @@ from test_feature_draft import replay_accepted, teacher_forced
 pytestmark = pytest.mark.slow  # the demo's models
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-HEAD = 'demo_feature_head'
+HEAD = 'demo_feature_head_4k'  # the head of configs/demo_feature_draft.gin
 
 
 def test_demo_feature_draft_gin_decodes_exactly(tmp_path):
@@ -43,7 +43,7 @@ def test_acceptances_on_real_sentences_replay_the_teacher_forced_passes():
   out = generate(target, enc, draft=head, gamma=gamma, max_decode_length=max_len, eos_id=-1)
   tokens = np.asarray(out.tokens)
   passes = teacher_forced(target, head, enc, tokens, passes=gamma)
-  expected = replay_accepted(passes, tokens, gamma, max_len)
+  expected = replay_accepted(passes, tokens, gamma, max_len, head[0].config.draft_vocab)
   assert expected.sum() > 0
   np.testing.assert_array_equal(np.asarray(out.stats['accepted_tokens']), expected)
 

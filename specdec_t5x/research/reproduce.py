@@ -214,14 +214,14 @@ def _peers(d):
 
 def _feature_draft(d):
   rows = {(r['task'], r['temperature'], r['draft'], r['gamma']): r for r in d['acceptance']}
-  head, draft = rows.get(('ende', 0.0, 'demo_feature_head', 3)), rows.get(
-      ('ende', 0.0, 'demo_draft_m', 3))
+  name = d['args'].get('head', 'demo_feature_head')
+  head, draft = rows.get(('ende', 0.0, name, 3)), rows.get(('ende', 0.0, 'demo_draft_m', 3))
   if head is None or draft is None:
     return 'see file'
-  return (f"EN->DE greedy, gamma 3: head alpha {head['alpha']:.2f} "
+  return (f"EN->DE greedy, gamma 3: head {name} alpha {head['alpha']:.2f} "
           f"({head['tokens_per_target_call']:.2f} tokens/call) vs draft_m "
           f"{draft['alpha']:.2f} ({draft['tokens_per_target_call']:.2f}); c "
-          f"{d['c']['demo_feature_head']:.3f} vs {d['c']['demo_draft_m']:.3f}")
+          f"{d['c'][name]:.3f} vs {d['c']['demo_draft_m']:.3f}")
 
 
 def _speedup(d):
