@@ -10,8 +10,8 @@ r"""Trains a feature-reading draft head (EAGLE-style) for a frozen target, and e
   python scripts/train_feature_draft.py --target checkpoints/demo/demo_target \
       --data data/corpus/npz --workdir runs/demo_feature_head_ft --steps 3000 \
       --learning_rate 1e-3 --mixing_rates ende=3,summarize=1 --draft_vocab_size 4096 \
-      --init_from checkpoints/demo/demo_feature_head --export checkpoints/demo/demo_feature_head_4k \
-      --vocab data/vocab/demo_spm.model
+      --init_from checkpoints/demo/demo_feature_head \
+      --export checkpoints/demo/demo_feature_head_4k --vocab data/vocab/demo_spm.model
 
 trains on the corpus's sentences teacher forced through the target, against the target's
 own distribution at every position (research/feature_train.py: soft cross-entropy over

@@ -11,9 +11,10 @@ target emitted from position t - 1) plus a projection of the target's feature at
 state, zeros before position 0). Its decoder layers (cached self-attention over earlier
 head positions, cross-attention to the target's encoder output, gated MLP) end in two
 outputs: logits over the vocabulary or a reduced draft vocabulary (its own `logits_dense`,
-float32) and a predicted target feature (`feature_out`). Past the last verified token the head feeds its predicted
-feature back (EAGLE-1's feature feedback); training runs several such self-fed passes with
-the attention pattern of decoding (`__call__`'s `passes`, EAGLE-3's training-time test).
+float32) and a predicted target feature (`feature_out`). Past the last verified token the
+head feeds its predicted feature back (EAGLE-1's feature feedback); training runs several
+such self-fed passes with the attention pattern of decoding (`__call__`'s `passes`,
+EAGLE-3's training-time test).
 
 Decoding (decoding.py) calls `extend(cache, tokens, positions, features, pick)`: the first
 call of each step re-feeds a row's whole last verify window with the target's real

@@ -32,7 +32,7 @@ import numpy as np
 import optax
 import tqdm
 
-from specdec_t5x.algorithm import feature_draft
+from specdec_t5x.algorithm import drafting, feature_draft
 from specdec_t5x.algorithm.network import T5Config, Transformer
 from specdec_t5x.integration import model_dir, run_dir
 from specdec_t5x.research import train_state
@@ -128,12 +128,13 @@ def start_from(params: Params, head_cfg: feature_draft.FeatureDraftConfig,
     raise ValueError(f'{init_dir} holds {old_cfg}, not a head of these sizes ({head_cfg}).')
   old = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), old)
   kernel = old['logits_dense']['kernel']  # [emb, old output vocab]
-  column = np.full(head_cfg.vocab_size, -1)
-  column[list(old_cfg.draft_vocab or range(old_cfg.vocab_size))] = np.arange(kernel.shape[1])
-  wanted = column[list(head_cfg.draft_vocab or range(head_cfg.vocab_size))]
-  if np.any(wanted < 0):
-    raise ValueError(f'{init_dir}\'s draft vocabulary lacks {int(np.sum(wanted < 0))} of the '
-                     'ids this head covers.')
+  columns = drafting.draft_vocabulary(old_cfg.draft_vocab or range(old_cfg.vocab_size),
+                                     old_cfg.vocab_size).columns
+  wanted = columns[list(head_cfg.draft_vocab or range(head_cfg.vocab_size))]
+  missing = int(np.sum(wanted == kernel.shape[1]))  # the column of an id the old head lacks
+  if missing:
+    raise ValueError(f'{init_dir}\'s draft vocabulary lacks {missing} of the ids this head '
+                     'covers.')
   out = dict(old, logits_dense=dict(old['logits_dense'], kernel=kernel[:, wanted]))
   if jax.tree_util.tree_structure(out) != jax.tree_util.tree_structure(params):
     raise ValueError(f'{init_dir}\'s parameter tree is not this head\'s.')
