@@ -62,6 +62,9 @@ def main(argv=None) -> dict:
   p.add_argument('--draft_vocab_size', type=int, default=0,
                  help="logits over the data targets' N commonest ids only (a reduced draft "
                  'vocabulary, EAGLE-3); 0 = the whole vocabulary')
+  p.add_argument('--draft_vocab_from', default='',
+                 help="an exported head whose draft vocabulary to keep (e.g. --init_from's, "
+                 'when fine-tuning on other data); instead of --draft_vocab_size')
   p.add_argument('--init_from', default='',
                  help='an exported head (model dir) to start from, e.g. to fine-tune it')
   p.add_argument('--mixing_rates', default='', help="e.g. 'ende=3,summarize=1'; default: sizes")
@@ -75,12 +78,19 @@ def main(argv=None) -> dict:
   p.add_argument('--no_progress', action='store_true')
   args = p.parse_args(argv)
   target_cfg = model_dir.load_config(args.target)
+  if args.draft_vocab_size and args.draft_vocab_from:
+    p.error('give --draft_vocab_size or --draft_vocab_from, not both')
+  if args.draft_vocab_from:
+    draft_vocab = model_dir.draft_vocab(args.draft_vocab_from)
+  elif args.draft_vocab_size:
+    draft_vocab = feature_train.commonest_ids(args.data, args.draft_vocab_size,
+                                              target_cfg.vocab_size)
+  else:
+    draft_vocab = ()
   head_cfg = feature_draft.FeatureDraftConfig(
       vocab_size=target_cfg.vocab_size, target_emb_dim=target_cfg.emb_dim,
       emb_dim=args.emb_dim, num_heads=args.num_heads, head_dim=64, mlp_dim=args.mlp_dim,
-      num_layers=args.num_layers, draft_vocab=feature_train.commonest_ids(
-          args.data, args.draft_vocab_size, target_cfg.vocab_size) if args.draft_vocab_size
-      else ())
+      num_layers=args.num_layers, draft_vocab=draft_vocab)
   rates = None
   if args.mixing_rates:
     rates = {k: float(v) for k, v in (kv.split('=') for kv in args.mixing_rates.split(','))}

@@ -1,8 +1,10 @@
 """Training and storing a feature-reading draft head: the loss falls, an interrupted run
 resumes to the same parameters, changed settings are refused, and the exported model
 directory loads back as a head (config kind, parameter tree) that decodes."""
+import importlib.util
 import json
 import os
+import pathlib
 
 import jax
 import numpy as np
@@ -18,6 +20,7 @@ from specdec_t5x.research import evaluation, feature_train
 pytestmark = pytest.mark.slow  # training runs
 
 VOCAB = 64
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope='module')
@@ -115,3 +118,29 @@ def test_a_reduced_vocabulary_head_starts_from_an_exported_head(target_dir, data
   with pytest.raises(ValueError, match='other settings'):
     feature_train.train_head(target_dir, data_dir, str(tmp_path / 'ft'), small_head, cfg,
                              passes=2)
+
+
+def test_the_script_fine_tunes_a_head_keeping_its_draft_vocabulary(target_dir, data_dir,  # noqa: F811
+                                                                  tmp_path):
+  """--draft_vocab_from keeps an exported head's ids (fine-tuning on other data, whose
+  commonest ids differ); with --draft_vocab_size as well it is refused."""
+  spec = importlib.util.spec_from_file_location(
+      'train_feature_draft', REPO / 'scripts' / 'train_feature_draft.py')
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  ids = (2, 3, 5, 7, 11, 13, 40)
+  source = feature_draft.FeatureDraftConfig(vocab_size=VOCAB, target_emb_dim=32, emb_dim=16,
+                                            num_heads=2, head_dim=64, mlp_dim=32,
+                                            draft_vocab=ids)
+  feature_train.export(feature_draft.init_params(source, jax.random.PRNGKey(2)), source,
+                       str(tmp_path / 'source'), 1)
+  flags = ['--target', target_dir, '--data', data_dir, '--steps', '2', '--batch_size', '4',
+           '--emb_dim', '16', '--mlp_dim', '32', '--num_val_examples', '4', '--no_progress',
+           '--draft_vocab_from', str(tmp_path / 'source')]
+  end = script.main(flags + ['--workdir', str(tmp_path / 'w'), '--init_from',
+                             str(tmp_path / 'source'), '--export', str(tmp_path / 'out')])
+  assert end['done'] and end['exported']
+  assert model_dir.draft_vocab(str(tmp_path / 'out')) == ids
+  assert feature_train.commonest_ids(data_dir, len(ids), VOCAB) != ids  # not the data's own
+  with pytest.raises(SystemExit):
+    script.main(flags + ['--workdir', str(tmp_path / 'x'), '--draft_vocab_size', '7'])
