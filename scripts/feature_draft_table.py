@@ -31,7 +31,7 @@ from specdec_t5x.algorithm import api, batching, sampling, timing
 from specdec_t5x.research import evaluation, harness, speed
 
 # HEAD: --head's default, the head of configs/demo_feature_draft.gin
-HEAD, DRAFT, TARGET = 'demo_feature_head_4k', 'demo_draft_m', 'demo_target'
+HEAD, DRAFT, TARGET = 'demo_feature_head_kd', 'demo_draft_m', 'demo_target'
 
 
 def acceptance(target, drafts, tasks, temperatures, gammas, n, max_len, bar):

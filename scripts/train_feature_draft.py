@@ -5,13 +5,23 @@ r"""Trains a feature-reading draft head (EAGLE-style) for a frozen target, and e
       --data data/corpus/npz --workdir runs/demo_feature_head --steps 4000 \
       --mixing_rates ende=3,summarize=1 --export checkpoints/demo/demo_feature_head \
       --vocab data/vocab/demo_spm.model
-  # checkpoints/demo/demo_feature_head_4k (the head of configs/demo_feature_draft.gin):
-  # logits over the 4096 commonest target ids, fine-tuned from the head above (61 min):
+  # checkpoints/demo/demo_feature_head_4k: logits over the 4096 commonest target ids,
+  # fine-tuned from the head above (61 min):
   python scripts/train_feature_draft.py --target checkpoints/demo/demo_target \
       --data data/corpus/npz --workdir runs/demo_feature_head_ft --steps 3000 \
       --learning_rate 1e-3 --mixing_rates ende=3,summarize=1 --draft_vocab_size 4096 \
       --init_from checkpoints/demo/demo_feature_head \
       --export checkpoints/demo/demo_feature_head_4k --vocab data/vocab/demo_spm.model
+  # checkpoints/demo/demo_feature_head_kd (the head of configs/demo_feature_draft.gin): that
+  # head, 2000 more steps over the target's own greedy outputs (36k EN->DE + 12k
+  # summarisation inputs, distilled as scripts/distill_data.py says, ~33 min), every
+  # decoder position (58 min):
+  python scripts/train_feature_draft.py --target checkpoints/demo/demo_target \
+      --data data/corpus/distill_npz --workdir runs/demo_feature_head_kd --steps 2000 \
+      --learning_rate 1e-3 --max_target_len 0 --mixing_rates ende=3,summarize=1 \
+      --draft_vocab_from checkpoints/demo/demo_feature_head_4k \
+      --init_from checkpoints/demo/demo_feature_head_4k \
+      --export checkpoints/demo/demo_feature_head_kd --vocab data/vocab/demo_spm.model
 
 trains on the corpus's sentences teacher forced through the target, against the target's
 own distribution at every position (research/feature_train.py: soft cross-entropy over

@@ -1,4 +1,4 @@
-"""The committed feature draft head of the demo target (checkpoints/demo/demo_feature_head_4k):
+"""The committed feature draft head of the demo target (checkpoints/demo/demo_feature_head_kd):
 its gin file runs the demo exactly (the speculative predictions are the baseline's), its
 acceptances on real sentences replay from its teacher-forced passes, and its model
 directory records the demo vocabulary."""
@@ -17,7 +17,7 @@ from test_feature_draft import replay_accepted, teacher_forced
 pytestmark = pytest.mark.slow  # the demo's models
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-HEAD = 'demo_feature_head_4k'  # the head of configs/demo_feature_draft.gin
+HEAD = 'demo_feature_head_kd'  # the head of configs/demo_feature_draft.gin
 
 
 def test_demo_feature_draft_gin_decodes_exactly(tmp_path):
@@ -51,3 +51,18 @@ def test_acceptances_on_real_sentences_replay_the_teacher_forced_passes():
 def test_head_records_the_demo_vocabulary():
   record = vocab_check.find_record(str(REPO / 'checkpoints' / 'demo' / HEAD))
   assert record['sha256'] == vocab_check.file_sha256(demo.vocab_path(REPO))
+
+
+def test_each_rows_acceptances_do_not_depend_on_the_other_rows():
+  """A row that has finished keeps running in place; its head's first call of a step
+  re-feeds a window past the end, which must still fit the cache: the loop skips a call's
+  cache writes for every row together when one row's window does not fit, and the other
+  rows would then draft from stale keys. Each row accepts what it accepts decoded alone."""
+  target, head = evaluation.load_model('demo_target'), evaluation.load_model(HEAD)
+  enc = batching.pad_batch([e.inputs for e in evaluation.load_examples('ende', 4)])
+  kw = dict(draft=head, gamma=3, max_decode_length=24, eos_id=-1)
+  together = np.asarray(generate(target, enc, **kw).stats['accepted_tokens'])
+  alone = [int(generate(target, batching.trim_batch(enc[r:r + 1]), **kw).stats[
+      'accepted_tokens'][0]) for r in range(len(enc))]
+  assert len(set(together.tolist())) > 1  # the rows finish at different steps
+  np.testing.assert_array_equal(together, alone)

@@ -144,3 +144,22 @@ def test_the_script_fine_tunes_a_head_keeping_its_draft_vocabulary(target_dir, d
   assert feature_train.commonest_ids(data_dir, len(ids), VOCAB) != ids  # not the data's own
   with pytest.raises(SystemExit):
     script.main(flags + ['--workdir', str(tmp_path / 'x'), '--draft_vocab_size', '7'])
+
+
+def test_distill_data_takes_rows_per_task(target_dir, data_dir, tmp_path):  # noqa: F811
+  """The distillation script's --max_rows: one count for every file, or one per task."""
+  spec = importlib.util.spec_from_file_location('distill_data',
+                                                REPO / 'scripts' / 'distill_data.py')
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  out = tmp_path / 'distilled'
+  summaries = script.main(['--target', target_dir, '--data', data_dir, '--out', str(out),
+                           '--splits', 'train', '--max_rows', 'ende=3', '--no_progress'])
+  rows = {os.path.basename(s['file']): s['rows'] for s in summaries}
+  with np.load(os.path.join(data_dir, 'summarize_train.npz')) as z:
+    assert rows == {'ende_train.npz': 3, 'summarize_train.npz': len(z['inputs'])}
+  with np.load(out / 'ende_train.npz') as z:
+    assert z['inputs'].shape[0] == 3 and z['targets'].shape[0] == 3
+  summaries = script.main(['--target', target_dir, '--data', data_dir, '--out', str(out),
+                           '--splits', 'train', '--max_rows', '2', '--no_progress'])
+  assert [s['rows'] for s in summaries] == [2, 2]

@@ -86,6 +86,9 @@ STEPS = (
     Step('feature_draft', 'feature_draft_table.py', (),
          quick=('--num_examples', '4', '--timed_examples', '3', '--gammas', '1,3',
                 '--timed_gammas', '3', '--temperatures', '0')),
+    Step('agreement_by_confidence', 'agreement_by_confidence.py', (
+        '--drafts', 'demo_feature_head_4k,demo_feature_head_kd,demo_draft_m'), timed=False,
+         quick=('--num_examples', '2', '--tasks', 'ende')),
     Step('demo_speedup_runs', 'demo_runs.py', ('--runs', '3'), quick=('--runs', '1')),
     Step('demo_feature_draft_runs', 'demo_runs.py', (
         '--runs', '3', '--gin_file', 'configs/demo_feature_draft.gin')),
@@ -224,6 +227,17 @@ def _feature_draft(d):
           f"{d['c'][name]:.3f} vs {d['c']['demo_draft_m']:.3f}")
 
 
+def _confidence(d):
+  parts = []
+  for task, t in d['tables'].items():
+    flat = t['buckets'][0]
+    parts.append(f"{task}: {flat['share']:.0%} of positions with target top-1 < "
+                 f"{flat['top1_to']:g}, agreement there " + ', '.join(
+                     f"{k} {v:.2f}" for k, v in flat['agreement'].items()) + '; overall ' +
+                 ', '.join(f"{k} {v:.2f}" for k, v in t['agreement'].items()))
+  return '; '.join(parts)
+
+
 def _speedup(d):
   parts = []
   for g in d['groups']:
@@ -286,7 +300,8 @@ def _batch(d):
 
 HEADLINES: Dict[str, Callable[[Dict[str, Any]], str]] = {
     'demo_speedup_runs': _demo_runs, 'demo_feature_draft_runs': _demo_runs,
-    'feature_draft': _feature_draft, 'alpha_demo': _alpha, 'demo_models': _models,
+    'feature_draft': _feature_draft, 'agreement_by_confidence': _confidence,
+    'alpha_demo': _alpha, 'demo_models': _models,
     'speedup_demo': _speedup, 'speedup_table_ende12': _efficiency_e2e, 'decode_costs': _decode_costs, 'cpu_kernels': _cpu_kernels,
     'peers': _peers, 'block_verification': _block,
     'adaptive_gamma': _best_of('speedup_vs_ar'), 'copy_draft': _best_of('speedup'),
