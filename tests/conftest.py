@@ -21,6 +21,10 @@ def pytest_configure(config):
   config.addinivalue_line(
       'markers', 'slow: an end-to-end run (subprocess, runner, training); deselect with '
       '-m "not slow" for the exactness and unit tests alone')
+  config.addinivalue_line(
+      'markers', 'timing: asserts on wall-clock timings, so it runs alone: the README\'s test '
+      'command runs these after the others, not beside a second worker (two workers on two '
+      'cores make a tiny model\'s millisecond timings noise)')
 
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

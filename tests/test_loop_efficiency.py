@@ -58,6 +58,7 @@ def test_profile_categories_follow_the_named_model_calls():
 
 
 @pytest.mark.slow  # the loop-efficiency script, run end to end
+@pytest.mark.timing
 def test_tiny_run_writes_the_table_and_keeps_the_tokens(tmp_path):
   out = tmp_path / 'loop'
   # 600 iterations per ladder run (the cheapest rung runs ~10 ms): a tiny model's 16 calls
@@ -101,6 +102,7 @@ def test_tiny_run_writes_the_table_and_keeps_the_tokens(tmp_path):
 
 
 @pytest.mark.slow  # the loop-efficiency script, run end to end at batch 2
+@pytest.mark.timing
 def test_tiny_batched_run_counts_loop_iterations(tmp_path):
   out = tmp_path / 'loop'
   _script().main(['--tiny', '--out', str(out), '--gammas', '2', '--temperatures', '0',
