@@ -184,12 +184,11 @@ def decode_program(target_module, draft_module, *, max_len: int, config: DecodeC
 
   def run(target_vars, draft_vars, encoder_tokens, rng, eos_id, prompt=None):
     batch = encoder_tokens.shape[0]
-    # Positions written: up to max_len + gamma (finished rows keep computing in place); a
-    # feature head's first call of a step re-feeds the window after the last verify, up to
-    # max_len + gamma + 1. Every write must fit: rows.update_all skips a call's writes for
-    # all rows when one row's window does not.
+    # Positions written: up to max_len + gamma (finished rows keep computing in place). Every
+    # write must fit: rows.update_all skips a call's writes for all rows when one row's
+    # window does not (drafting.feature_drafter keeps a finished row's re-feed inside).
     features = draft_module is not None and reads_features(draft_module)
-    cache_len = max_len + (config.gamma if draft_module is not None else 0) + 1 + features
+    cache_len = max_len + (config.gamma if draft_module is not None else 0) + 1
     encoded = target_module.apply(target_vars, encoder_tokens, method='encode')
     target_cache = target_module.apply(target_vars, encoded, encoder_tokens, cache_len,
                                        method='init_cache')

@@ -108,12 +108,15 @@ def feature_drafter(draft_fn, s):
   f = feature_start, with the target's features at f .. f + gamma: the accepted prefix
   becomes the head's context, and the output at position n (the row's next) is kept.
   Later calls feed a drafted token with the head's own prediction of the feature before it.
+  A finished row (its output ignored) re-feeds one position earlier: its window would end
+  at max_len + gamma + 1, one past the caches (which hold the verify windows' positions), and
+  a window that does not fit skips every row's cache writes (rows.update_all).
   """
   width = s.features.shape[1]
   pick = jnp.clip(s.length - s.feature_start - 1, 0, width - 1)
-  logits, cache, predicted = draft_fn(s.draft_cache, rows.window(s.seq, s.feature_start + 2,
-                                                                 width),
-                                      s.feature_start + 1, s.features, pick)
+  start = s.feature_start + 1 - s.done.astype(jnp.int32)  # [b]
+  logits, cache, predicted = draft_fn(s.draft_cache, rows.window(s.seq, start + 1, width),
+                                      start, s.features, pick)
 
   def step(carry, x, position):
     logits, cache, predicted = draft_fn(carry[0], x[:, None], position, carry[1])
