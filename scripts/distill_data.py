@@ -27,14 +27,14 @@ import numpy as np
 
 from specdec_t5x.algorithm import network
 from specdec_t5x.integration import model_dir, run_dir
-from specdec_t5x.research import distill
+from specdec_t5x.research import distill, harness
 
 
 def _max_rows(text: str) -> dict:
   """'N' -> {None: N} (every file); 'task=N,...' -> {task: N}."""
   if '=' not in text:
     return {None: int(text)}
-  return {k: int(v) for k, v in (kv.split('=') for kv in text.split(','))}
+  return harness.pairs(text, int)
 
 
 def main(argv=None) -> list:

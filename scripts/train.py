@@ -27,7 +27,7 @@ import json
 import os
 
 from specdec_t5x.integration import model_dir
-from specdec_t5x.research import train_config, training
+from specdec_t5x.research import harness, train_config, training
 
 
 def _value(text: str):
@@ -41,7 +41,7 @@ def _value(text: str):
 
 def _pairs(text: str) -> dict:
   """'a=1,b=x' -> {'a': 1, 'b': 'x'}."""
-  return {k: _value(v) for k, v in (kv.split('=', 1) for kv in text.split(',') if kv)}
+  return harness.pairs(text, _value)
 
 
 def _per_model(text: str, n: int, cast) -> list:

@@ -46,7 +46,7 @@ import json
 
 from specdec_t5x.algorithm import feature_draft
 from specdec_t5x.integration import model_dir
-from specdec_t5x.research import feature_train
+from specdec_t5x.research import feature_train, harness
 from specdec_t5x.research.train_config import TrainConfig
 
 
@@ -77,7 +77,8 @@ def main(argv=None) -> dict:
                  'when fine-tuning on other data); instead of --draft_vocab_size')
   p.add_argument('--init_from', default='',
                  help='an exported head (model dir) to start from, e.g. to fine-tune it')
-  p.add_argument('--mixing_rates', default='', help="e.g. 'ende=3,summarize=1'; default: sizes")
+  p.add_argument('--mixing_rates', type=lambda t: harness.pairs(t, float), default={},
+                 help="e.g. 'ende=3,summarize=1'; default: sizes")
   p.add_argument('--save_every', type=int, default=250)
   p.add_argument('--eval_every', type=int, default=500)
   p.add_argument('--log_every', type=int, default=50)
@@ -101,12 +102,9 @@ def main(argv=None) -> dict:
       vocab_size=target_cfg.vocab_size, target_emb_dim=target_cfg.emb_dim,
       emb_dim=args.emb_dim, num_heads=args.num_heads, head_dim=64, mlp_dim=args.mlp_dim,
       num_layers=args.num_layers, draft_vocab=draft_vocab)
-  rates = None
-  if args.mixing_rates:
-    rates = {k: float(v) for k, v in (kv.split('=') for kv in args.mixing_rates.split(','))}
   cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size,
                     learning_rate=args.learning_rate, warmup_steps=args.warmup_steps,
-                    weight_decay=args.weight_decay, mixing_rates=rates,
+                    weight_decay=args.weight_decay, mixing_rates=args.mixing_rates or None,
                     max_seconds=args.max_seconds, save_every=args.save_every,
                     eval_every=args.eval_every, log_every=args.log_every,
                     num_val_examples=args.num_val_examples, seed=args.seed)

@@ -20,6 +20,7 @@ import test_distribution as td
 from specdec_t5x import generate
 from test_decoding import _eos_mid_batch
 from specdec_t5x.algorithm import api, decoding, drafting, feature_draft, sampling
+from specdec_t5x.research import feature_train
 
 
 def make_head(target_params, vocab, emb=32, seed=3, layers=1, draft_vocab=()):
@@ -38,10 +39,8 @@ def models():
 
 def teacher_forced(target, head, enc, tokens, passes):
   """The target's features and the head's passes over given outputs tokens [b, L]."""
-  module, params = target
-  dec_in = np.pad(tokens[:, :-1], ((0, 0), (1, 0)))
-  _, feats, encoded = module.apply({'params': params}, enc, dec_in, method='features')
-  before = jnp.pad(feats[:, :-1], ((0, 0), (1, 0), (0, 0)))
+  dec_in = feature_train.shift_right(tokens)
+  _, _, before, encoded = feature_train.teacher_forced(*target, enc, dec_in)
   return head[0].apply({'params': head[1]}, encoded, enc, dec_in, before, passes=passes)
 
 
@@ -50,10 +49,8 @@ def test_cached_calls_equal_the_teacher_forced_pass(models):
   enc = random_inputs(3, 6, 8, seed=1)
   tokens = np.random.RandomState(2).randint(2, 8, (3, 9)).astype(np.int32)
   (logits, predicted), = teacher_forced(target, head, enc, tokens, passes=1)
-  module, params = target
-  dec_in = np.pad(tokens[:, :-1], ((0, 0), (1, 0)))
-  _, feats, encoded = module.apply({'params': params}, enc, dec_in, method='features')
-  before = jnp.pad(feats[:, :-1], ((0, 0), (1, 0), (0, 0)))
+  dec_in = feature_train.shift_right(tokens)
+  _, _, before, encoded = feature_train.teacher_forced(*target, enc, dec_in)
   variables = {'params': head[1]}
   cache = head[0].apply(variables, encoded, enc, 12, method='init_cache')
   # Five positions in one call, then the rest one at a time; then one position picked.
@@ -78,10 +75,8 @@ def test_self_fed_passes_attend_as_the_draft_calls_do(models):
   enc = random_inputs(2, 5, 8, seed=3)
   tokens = np.random.RandomState(4).randint(2, 8, (2, 8)).astype(np.int32)
   passes = teacher_forced(target, head, enc, tokens, passes=3)
-  module, params = target
-  dec_in = np.pad(tokens[:, :-1], ((0, 0), (1, 0)))
-  _, feats, encoded = module.apply({'params': params}, enc, dec_in, method='features')
-  before = jnp.pad(feats[:, :-1], ((0, 0), (1, 0), (0, 0)))
+  dec_in = feature_train.shift_right(tokens)
+  _, _, before, encoded = feature_train.teacher_forced(*target, enc, dec_in)
   variables = {'params': head[1]}
   n = 3  # a step at length 3: real context up to position 2, drafts at 3, 4, 5
   cache = head[0].apply(variables, encoded, enc, 10, method='init_cache')

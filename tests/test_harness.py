@@ -1,6 +1,7 @@
 """research/harness.py and research/demo_data.py: the pieces every result script is built
 from, checked on stand-ins whose answers are known (no timing figures are asserted)."""
 
+import argparse
 import json
 import os
 import pathlib
@@ -24,6 +25,14 @@ def test_parser_has_out_and_optional_repeats():
   assert harness.ints('1,2,,4') == [1, 2, 4] and harness.floats('0,1') == [0.0, 1.0]
   assert harness.results_path(str(REPO / 'scripts' / 'x.py'), 'name') == str(
       REPO / 'results' / 'name')
+
+
+def test_pairs_parses_key_values_and_refuses_malformed_items():
+  assert harness.pairs('ende=3, summarize=1,', float) == {'ende': 3.0, 'summarize': 1.0}
+  assert harness.pairs('') == {} and harness.pairs('a=x=y') == {'a': 'x=y'}
+  for bad in ('ende', '=3', 'ende=three'):
+    with pytest.raises(argparse.ArgumentTypeError, match='expected key=value|three'):
+      harness.pairs(bad, int)
 
 
 def test_interleaved_runs_each_fn_in_turn_and_keeps_outputs():

@@ -20,14 +20,11 @@ import numpy as np
 
 from specdec_t5x.algorithm import api
 from specdec_t5x.algorithm.feature_draft import FeatureDraft
+from specdec_t5x.research import feature_train
 
 ModelAndParams = Tuple[Any, Any]
 EDGES = (0.0, 0.3, 0.5, 0.7, 0.9, 1.0)  # top-1 probability buckets [lo, hi); the last is closed
 POSITIONS = (0, 8, 16, 32)  # output position buckets [lo, next lo), the last one open
-
-
-def _shift_right(tokens: np.ndarray) -> np.ndarray:
-  return np.pad(tokens[:, :-1], ((0, 0), (1, 0)))
 
 
 def draft_argmax(draft: ModelAndParams, target: ModelAndParams, enc: np.ndarray,
@@ -35,12 +32,9 @@ def draft_argmax(draft: ModelAndParams, target: ModelAndParams, enc: np.ndarray,
   """The draft's argmax [b, L] at every position of `tokens`, teacher forced (a feature
   head reads the target's features of the true prefix)."""
   module, params = draft
-  dec_in = _shift_right(tokens)
+  dec_in = feature_train.shift_right(tokens)
   if isinstance(module, FeatureDraft):
-    t_module, t_params = target
-    _, feats, encoded = t_module.apply({'params': t_params}, enc, dec_in, tokens,
-                                       method='features')
-    before = jnp.pad(feats[:, :-1], ((0, 0), (1, 0), (0, 0)))
+    _, _, before, encoded = feature_train.teacher_forced(*target, enc, dec_in, tokens)
     logits = module.apply({'params': params}, encoded, enc, dec_in, before, tokens)[0][0]
     best = jnp.argmax(logits, -1)
     ids = module.config.draft_vocab
@@ -57,7 +51,7 @@ def agreement_table(target: ModelAndParams, drafts: Dict[str, ModelAndParams],
   tokens up to and including EOS."""
   tokens = np.asarray(api.generate(target, enc, max_decode_length=max_len).tokens)
   module, params = target
-  logits = module.apply({'params': params}, enc, _shift_right(tokens), tokens)
+  logits = module.apply({'params': params}, enc, feature_train.shift_right(tokens), tokens)
   probs = jax.nn.softmax(logits.astype(jnp.float32), -1)
   top1, best = np.asarray(jnp.max(probs, -1)), np.asarray(jnp.argmax(probs, -1))
   mask = tokens > 0

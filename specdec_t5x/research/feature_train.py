@@ -44,6 +44,20 @@ Params = Any
 BUCKET = 16  # batches are cut to their longest row, rounded up to this (fewer compiles)
 
 
+def shift_right(tokens):
+  """Decoder inputs for outputs `tokens` [b, L]: BOS (0), then each token one later."""
+  return jnp.pad(jnp.asarray(tokens)[:, :-1], ((0, 0), (1, 0)))
+
+
+def teacher_forced(target: Any, target_params: Params, enc, dec_in, tgt=None):
+  """The target run teacher forced over `dec_in` -> (logits, features [b, L, E], the
+  features before each position (the head's input there; zeros before BOS), encoder
+  output). `tgt` (the outputs, or None) only marks the padding."""
+  logits, feats, encoded = target.apply({'params': target_params}, enc, dec_in, tgt,
+                                        method='features')
+  return logits, feats, jnp.pad(feats[:, :-1], ((0, 0), (1, 0), (0, 0))), encoded
+
+
 def trim(batch: dict, max_target_len: Optional[int] = None) -> dict:
   """Drops the all-padding columns at the end of a batch (to a multiple of BUCKET), and
   the decoder positions past `max_target_len` (their context stays teacher forced)."""
@@ -69,9 +83,8 @@ def make_steps(target_cfg: T5Config, head_cfg: feature_draft.FeatureDraftConfig,
   def loss_fn(params, target_params, batch):
     enc, dec_in = batch['encoder_input_tokens'], batch['decoder_input_tokens']
     tgt = batch['decoder_target_tokens']
-    logits_t, feats, encoded = jax.lax.stop_gradient(target.apply(
-        {'params': target_params}, enc, dec_in, tgt, method='features'))
-    before = jnp.pad(feats[:, :-1], ((0, 0), (1, 0), (0, 0)))
+    logits_t, feats, before, encoded = jax.lax.stop_gradient(
+        teacher_forced(target, target_params, enc, dec_in, tgt))
     outs = head.apply({'params': params}, encoded, enc, dec_in, before, tgt, passes=passes)
     weights = (tgt > 0).astype(jnp.float32)
     count = jnp.maximum(weights.sum(), 1.0)

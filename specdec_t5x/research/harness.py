@@ -57,6 +57,23 @@ def floats(text: str) -> List[float]:
   return [float(x) for x in text.split(',') if x.strip()]
 
 
+def pairs(text: str, cast: Callable[[str], Any] = str) -> Dict[str, Any]:
+  """'a=1,b=2' -> {'a': cast('1'), 'b': cast('2')} (empty items skipped); an item without
+  '=' or a value `cast` refuses raises argparse.ArgumentTypeError."""
+  out = {}
+  for item in (x.strip() for x in text.split(',')):
+    if not item:
+      continue
+    key, eq, value = item.partition('=')
+    if not eq or not key:
+      raise argparse.ArgumentTypeError(f'{item!r}: expected key=value')
+    try:
+      out[key] = cast(value)
+    except ValueError as e:
+      raise argparse.ArgumentTypeError(f'{item!r}: {e}') from None
+  return out
+
+
 # ------------------------------------------------------------------ timing
 
 
