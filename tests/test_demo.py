@@ -64,6 +64,23 @@ def test_demo_tasks_follow_the_root_and_name_what_is_missing(tmp_path):
     tasks.register_tasks()
 
 
+def test_the_test_split_is_the_committed_sample_even_beside_a_built_corpus(tmp_path):
+  """A machine that built the corpus decodes the same demo inputs as a fresh clone."""
+  corpus, sample = tasks.demo.corpus_dir(tmp_path), tasks.demo.sample_dir(tmp_path)
+  for path in (os.path.join(corpus, 'ende', 'test.tsv'), os.path.join(corpus, 'ende',
+                                                                       'train.tsv')):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    pathlib.Path(path).write_text('a\tb\n', encoding='utf-8')
+  assert tasks.demo_tsv_path('ende', 'test', corpus, sample) == os.path.join(corpus, 'ende',
+                                                                             'test.tsv')
+  os.makedirs(sample)
+  pathlib.Path(sample, 'ende_test.tsv').write_text('c\td\n', encoding='utf-8')
+  assert tasks.demo_tsv_path('ende', 'test', corpus, sample) == os.path.join(sample,
+                                                                             'ende_test.tsv')
+  assert tasks.demo_tsv_path('ende', 'train', corpus, sample) == os.path.join(corpus, 'ende',
+                                                                              'train.tsv')
+
+
 def test_import_from_another_directory_registers_under_it(tmp_path):
   """`import specdec_t5x.tasks` (MIXTURE_OR_TASK_MODULE) anywhere: the tasks register
   without reading a file, the demo ones under that directory or $SPECDEC_DEMO_ROOT."""

@@ -79,8 +79,11 @@ def demo_tsv_path(name: str, split: str, data_dir: Optional[str] = None,
     split: one of DEMO_SPLITS.
     data_dir: corpus root holding `{name}/{split}.tsv`; default `demo.corpus_dir()`
       (`data/corpus` under the demo root).
-    sample_dir: holds the committed `{name}_test.tsv`, used for split 'test' when the
-      corpus lacks it; default `demo.sample_dir()` (`data/demo` under the demo root).
+    sample_dir: holds the committed held-out sample `{name}_test.tsv`, which split 'test'
+      reads whenever it exists (the demo's figures are quoted on it, and a machine that
+      built the corpus must decode the same inputs as a fresh clone); the corpus's own
+      test split only without it. Default `demo.sample_dir()` (`data/demo` under the
+      demo root).
 
   Returns:
     The path of an existing file.
@@ -93,7 +96,7 @@ def demo_tsv_path(name: str, split: str, data_dir: Optional[str] = None,
                      f'expected one of {DEMO_SPLITS}.')
   candidates = [pathlib.Path(data_dir or demo.corpus_dir()) / name / f'{split}.tsv']
   if split == 'test':
-    candidates.append(pathlib.Path(sample_dir or demo.sample_dir()) / f'{name}_test.tsv')
+    candidates.insert(0, pathlib.Path(sample_dir or demo.sample_dir()) / f'{name}_test.tsv')
   for path in candidates:
     if path.is_file():
       return str(path)
