@@ -1,9 +1,9 @@
 """The README's first command, run fresh several times: what each run prints.
 
   flock /tmp/specdec_bench.lock python scripts/demo_runs.py [--runs=3] [--env KEY=VALUE]
-  # another demo file: results/demo_feature_draft_runs.{json,md}
-  python scripts/demo_runs.py --gin_file configs/demo_feature_draft.gin \
-      --out results/demo_feature_draft_runs
+  # another demo file: results/demo_draft_m_runs.{json,md}
+  python scripts/demo_runs.py --gin_file configs/demo_draft_m.gin \
+      --out results/demo_draft_m_runs
 
 Run from the repository root on an idle machine. Each run is a new process,
 `python -m specdec_t5x.infer --gin_file=configs/demo.gin` (or --gin_file) into an empty

@@ -30,7 +30,7 @@ from tqdm import tqdm
 from specdec_t5x.algorithm import api, batching, sampling, timing
 from specdec_t5x.research import evaluation, harness, speed
 
-# HEAD: --head's default, the head of configs/demo_feature_draft.gin
+# HEAD: --head's default, the draft of configs/demo.gin
 HEAD, DRAFT, TARGET = 'demo_feature_head_kd', 'demo_draft_m', 'demo_target'
 
 

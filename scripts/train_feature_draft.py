@@ -12,7 +12,7 @@ r"""Trains a feature-reading draft head (EAGLE-style) for a frozen target, and e
       --learning_rate 1e-3 --mixing_rates ende=3,summarize=1 --draft_vocab_size 4096 \
       --init_from checkpoints/demo/demo_feature_head \
       --export checkpoints/demo/demo_feature_head_4k --vocab data/vocab/demo_spm.model
-  # checkpoints/demo/demo_feature_head_kd (the head of configs/demo_feature_draft.gin): that
+  # checkpoints/demo/demo_feature_head_kd (the draft of configs/demo.gin): that
   # head, 2000 more steps over the target's own greedy outputs (36k EN->DE + 12k
   # summarisation inputs, distilled as scripts/distill_data.py says, ~33 min), every
   # decoder position (58 min):

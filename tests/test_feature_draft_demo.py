@@ -17,12 +17,12 @@ from test_feature_draft import replay_accepted, teacher_forced
 pytestmark = pytest.mark.slow  # the demo's models
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-HEAD = 'demo_feature_head_kd'  # the head of configs/demo_feature_draft.gin
+HEAD = 'demo_feature_head_kd'  # the draft of configs/demo.gin
 
 
-def test_demo_feature_draft_gin_decodes_exactly(tmp_path):
+def test_demo_gin_decodes_exactly_with_the_head(tmp_path):
   out = tmp_path / 'out'
-  infer.main(['--gin_file=configs/demo_feature_draft.gin', f"--gin.INFER_OUTPUT_DIR='{out}'",
+  infer.main(['--gin_file=configs/demo.gin', f"--gin.INFER_OUTPUT_DIR='{out}'",
               '--gin.infer.num_examples=6'])
   metrics = json.loads((out / 'metrics.json').read_text('utf-8'))
   assert metrics['draft_module'] == 'FeatureDraft'

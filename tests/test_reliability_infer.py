@@ -214,7 +214,7 @@ def test_demo_checkpoints_record_the_demo_vocabulary():
   vocab = tasks.seqio.get_mixture_or_task(tasks.DEMO_ENDE).output_features['targets'].vocabulary
   vocab_check.check_checkpoints_vocabulary(vocab, {
       name: str(REPO / 'checkpoints' / 'demo' / name)
-      for name in ('demo_target', 'demo_draft_m', 'demo_draft_s')})
-  for name in ('demo_target', 'demo_draft_m', 'demo_draft_s'):
+      for name in ('demo_target', 'demo_draft_m', 'demo_draft_s', 'demo_feature_head_kd')})
+  for name in ('demo_target', 'demo_draft_m', 'demo_draft_s', 'demo_feature_head_kd'):
     assert vocab_check.find_record(str(REPO / 'checkpoints' / 'demo' / name))['sha256'] == (
         vocab_check.file_sha256(demo.vocab_path(REPO)))

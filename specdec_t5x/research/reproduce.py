@@ -90,8 +90,8 @@ STEPS = (
         '--drafts', 'demo_feature_head_4k,demo_feature_head_kd,demo_draft_m'), timed=False,
          quick=('--num_examples', '2', '--tasks', 'ende')),
     Step('demo_speedup_runs', 'demo_runs.py', ('--runs', '3'), quick=('--runs', '1')),
-    Step('demo_feature_draft_runs', 'demo_runs.py', (
-        '--runs', '3', '--gin_file', 'configs/demo_feature_draft.gin')),
+    Step('demo_draft_m_runs', 'demo_runs.py', (
+        '--runs', '3', '--gin_file', 'configs/demo_draft_m.gin')),
 )
 
 
@@ -299,7 +299,7 @@ def _batch(d):
 
 
 HEADLINES: Dict[str, Callable[[Dict[str, Any]], str]] = {
-    'demo_speedup_runs': _demo_runs, 'demo_feature_draft_runs': _demo_runs,
+    'demo_speedup_runs': _demo_runs, 'demo_draft_m_runs': _demo_runs,
     'feature_draft': _feature_draft, 'agreement_by_confidence': _confidence,
     'alpha_demo': _alpha, 'demo_models': _models,
     'speedup_demo': _speedup, 'speedup_table_ende12': _efficiency_e2e, 'decode_costs': _decode_costs, 'cpu_kernels': _cpu_kernels,

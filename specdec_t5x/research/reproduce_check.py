@@ -62,7 +62,7 @@ CHECKS: Dict[str, Check] = {
                                      'rows/*/rows_equal_batch1')),
     'feature_draft': Check(exact=('acceptance/*',)),
     'demo_speedup_runs': _DEMO_RUNS,
-    'demo_feature_draft_runs': _DEMO_RUNS,
+    'demo_draft_m_runs': _DEMO_RUNS,
 }
 
 
