@@ -79,6 +79,17 @@ def test_the_test_split_is_the_committed_sample_even_beside_a_built_corpus(tmp_p
                                                                              'ende_test.tsv')
   assert tasks.demo_tsv_path('ende', 'train', corpus, sample) == os.path.join(corpus, 'ende',
                                                                               'train.tsv')
+  # A corpus the user names (register_tasks(data_dir=...), --gin.infer.task_data_dir)
+  # supplies its own test split.
+  assert tasks.demo_tsv_path('ende', 'test', corpus, sample, sample_first=False) == (
+      os.path.join(corpus, 'ende', 'test.tsv'))
+  try:  # the registered tasks: the default corpus does not, a named one does
+    for data_dir, first in ((None, b'c\td'), (corpus, b'a\tb')):
+      tasks.register_tasks(data_dir=data_dir, demo_root=str(tmp_path))
+      source = tasks.seqio.get_mixture_or_task(tasks.DEMO_ENDE).source
+      assert next(iter(source.get_dataset('test'))).numpy() == first
+  finally:
+    tasks.register_tasks()
 
 
 def test_import_from_another_directory_registers_under_it(tmp_path):

@@ -71,7 +71,7 @@ def _parse_tsv(dataset: tf.data.Dataset) -> tf.data.Dataset:
 
 
 def demo_tsv_path(name: str, split: str, data_dir: Optional[str] = None,
-                  sample_dir: Optional[str] = None) -> str:
+                  sample_dir: Optional[str] = None, sample_first: bool = True) -> str:
   """The TSV file a demo task reads for `split`.
 
   Args:
@@ -79,11 +79,12 @@ def demo_tsv_path(name: str, split: str, data_dir: Optional[str] = None,
     split: one of DEMO_SPLITS.
     data_dir: corpus root holding `{name}/{split}.tsv`; default `demo.corpus_dir()`
       (`data/corpus` under the demo root).
-    sample_dir: holds the committed held-out sample `{name}_test.tsv`, which split 'test'
-      reads whenever it exists (the demo's figures are quoted on it, and a machine that
-      built the corpus must decode the same inputs as a fresh clone); the corpus's own
-      test split only without it. Default `demo.sample_dir()` (`data/demo` under the
-      demo root).
+    sample_dir: holds the committed held-out sample `{name}_test.tsv` for split 'test';
+      default `demo.sample_dir()` (`data/demo` under the demo root).
+    sample_first: split 'test' reads the sample before the corpus's own test split (the
+      default corpus: the demo's figures are quoted on the sample, and a machine that
+      built the corpus decodes the same inputs as a fresh clone); False: the corpus
+      first, the sample only where it lacks the split (a corpus the user named).
 
   Returns:
     The path of an existing file.
@@ -96,7 +97,8 @@ def demo_tsv_path(name: str, split: str, data_dir: Optional[str] = None,
                      f'expected one of {DEMO_SPLITS}.')
   candidates = [pathlib.Path(data_dir or demo.corpus_dir()) / name / f'{split}.tsv']
   if split == 'test':
-    candidates.insert(0, pathlib.Path(sample_dir or demo.sample_dir()) / f'{name}_test.tsv')
+    sample = pathlib.Path(sample_dir or demo.sample_dir()) / f'{name}_test.tsv'
+    candidates.insert(0 if sample_first else 1, sample)
   for path in candidates:
     if path.is_file():
       return str(path)
@@ -133,10 +135,11 @@ def check_tsv(path: str) -> None:
 
 
 def _demo_dataset_fn(split: str, shuffle_files: bool, seed: Optional[int] = None, *,
-                     name: str, data_dir: Optional[str],
-                     sample_dir: Optional[str]) -> tf.data.Dataset:
+                     name: str, data_dir: Optional[str], sample_dir: Optional[str],
+                     sample_first: bool) -> tf.data.Dataset:
   del shuffle_files, seed  # One file per split: nothing to shuffle.
-  path = demo_tsv_path(name, split, data_dir=data_dir, sample_dir=sample_dir)
+  path = demo_tsv_path(name, split, data_dir=data_dir, sample_dir=sample_dir,
+                       sample_first=sample_first)
   check_tsv(path)
   return tf.data.TextLineDataset(path)
 
@@ -190,12 +193,14 @@ def register_tasks(vocab_path: Optional[str] = None,
       `cc_all.32000` (T5_VOCAB_PATH) for the WMT/CNN tasks and the demo vocabulary
       (`demo.vocab_path(demo_root)`) for the demo tasks. Nothing is read until used.
     data_dir: demo corpus root holding `{ende,summarize}/{train,validation,test}.tsv`;
-      default `demo.corpus_dir(demo_root)`.
+      default `demo.corpus_dir(demo_root)`. A corpus named here supplies split 'test'
+      too; the default one does not while the committed sample exists (the demo decodes
+      the sample on any machine, corpus built or not).
     extra_ids: sentinel ids appended to the vocabulary. None: 100 for T5's vocabulary
       (as T5), 0 for any other.
     tfds_data_dir: TFDS data directory for the WMT/CNN sources (None: TFDS's default).
-    sample_dir: directory of the committed `{ende,summarize}_test.tsv` samples, used for
-      split 'test' when `data_dir` lacks it; default `demo.sample_dir(demo_root)`.
+    sample_dir: directory of the committed `{ende,summarize}_test.tsv` samples (split
+      'test'; see `data_dir`); default `demo.sample_dir(demo_root)`.
     demo_root: the directory the demo defaults are under (demo.root: None means
       $SPECDEC_DEMO_ROOT, else the current directory), resolved now.
 
@@ -210,6 +215,7 @@ def register_tasks(vocab_path: Optional[str] = None,
   t5_features = features(vocab_path or T5_VOCAB_PATH)
   demo_features = (features(vocab_path) if vocab_path else
                    features(demo.vocab_path(demo_root), _DemoVocabulary))
+  sample_first = not data_dir
   data_dir = data_dir or demo.corpus_dir(demo_root)
   sample_dir = sample_dir or demo.sample_dir(demo_root)
 
@@ -225,7 +231,7 @@ def register_tasks(vocab_path: Optional[str] = None,
                                  (DEMO_SUMMARIZE, 'summarize', metrics.rouge)):
     source = seqio.FunctionDataSource(
         functools.partial(_demo_dataset_fn, name=name, data_dir=data_dir,
-                          sample_dir=sample_dir),
+                          sample_dir=sample_dir, sample_first=sample_first),
         splits=DEMO_SPLITS)
     _add(task, source, [_parse_tsv, _text_pair(PREFIXES[name], 'inputs', 'targets')],
          demo_features, metric_fn)
