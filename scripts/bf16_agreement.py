@@ -5,7 +5,7 @@
   python scripts/bf16_agreement.py --time         # also times our AR decode per dtype
 
 Takes the demo family (checkpoints/demo: target demo_target/checkpoint_2239, draft
-demo_draft_m/checkpoint_5682; sizes from their config.json, as configs/demo.gin) and the
+demo_draft_m/checkpoint_5682; sizes from their config.json, as configs/demo_draft_m.gin) and the
 committed EN-DE test sample (data/demo/ende_test.tsv, inputs padded to 128, at most 64
 decoded tokens: configs/demo.gin's TASK_FEATURE_LENGTHS). Real T5X must be installed.
 Params are cast to the network dtype, as t5x.infer restores them (CHECKPOINT_DTYPE).
