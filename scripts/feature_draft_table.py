@@ -15,7 +15,9 @@ Run from the repository root on an idle machine. Three parts, one process:
 3. Walltime speedup by output length (EN->DE, greedy): the --timed_examples inputs split
    into three groups by the autoregressive output's length, each timed by speed.sweep
    (AR and both drafts at --timed_gammas, interleaved, batch 1): measured, ideal and
-   efficiency per group; and how many of those outputs' tokens the head's (reduced)
+   efficiency per group, the ideal from call costs timed on the group's own median-length
+   input (longer outputs come from longer inputs, and a verify call's cross-attention
+   grows with the input); and how many of those outputs' tokens the head's (reduced)
    draft vocabulary covers.
 
 Writes results/feature_draft.{json,md}.
@@ -53,8 +55,14 @@ def acceptance(target, drafts, tasks, temperatures, gammas, n, max_len, bar):
   return rows
 
 
-def by_length(target, drafts, head, n, max_len, gammas, cost, repeats):
-  """speed.sweep over three groups of EN->DE inputs split by AR output length."""
+def _ratio(cost, name):
+  """A call's cost in target steps."""
+  return cost[name] / cost['t_target_step']
+
+
+def by_length(target, drafts, head, n, max_len, gammas, repeats):
+  """speed.sweep over three groups of EN->DE inputs split by AR output length, each with
+  the call costs of its median-length input (speed.costs at that input's length bucket)."""
   examples = evaluation.load_examples('ende', n)
   enc_all = batching.pad_batch([e.inputs for e in examples])
   ar = api.generate(target, enc_all, max_decode_length=max_len)
@@ -66,10 +74,15 @@ def by_length(target, drafts, head, n, max_len, gammas, cost, repeats):
   groups = []
   for part in np.array_split(order, 3):
     enc = batching.pad_batch([examples[i].inputs for i in sorted(part)])
+    median = sorted(part, key=lambda i: len(examples[i].inputs))[len(part) // 2]
+    row = batching.pad_batch([examples[median].inputs])
+    cost = speed.costs(target, drafts, row, gammas, max_len=max_len)
     res = speed.sweep(target, drafts, enc, max_len, gammas, sampling.SamplingConfig(0.0), cost,
                       repeats)
     groups.append({'output_tokens': [int(lengths[part].min()), int(lengths[part].max())],
                    'mean_output_tokens': float(lengths[part].mean()), 'examples': len(part),
+                   'cost_input_tokens': len(examples[median].inputs),
+                   'cost_bucket': int(batching.trim_batch(row).shape[1]), 'costs_s': cost,
                    'drafts': {k: v['rows'] for k, v in res['drafts'].items()}})
   return groups, covered
 
@@ -99,7 +112,7 @@ def main(argv=None):
   cost.update(timing.call_costs(first, batching.trim_batch(enc[:1]), repeats=7,
                                       cache_len=args.max_len + max(args.timed_gammas) + 1))
   groups, covered = by_length(target, drafts['ende'], head, args.timed_examples, args.max_len,
-                     args.timed_gammas, cost, args.repeats)
+                              args.timed_gammas, args.repeats)
   report = harness.Report(__file__, args, argv)
   c = {name: cost[f't_draft_step_{name}'] / cost['t_target_step'] for name in (head, DRAFT)}
   vocab = drafts['ende'][head][0].config.output_vocab_size
@@ -122,13 +135,19 @@ def main(argv=None):
       'lrlrrrr')
   md += ['', '## Walltime speedup by output length (EN->DE, greedy, batch 1)', '']
   md += harness.table(
-      ['AR output tokens', 'draft', 'gamma', 'tokens / call', 'measured', 'ideal', 'efficiency'],
+      ['AR output tokens', 'costs at input (bucket)', 'draft', 'gamma', 'tokens / call', 'c',
+       'verify / step', 'measured', 'ideal', 'efficiency'],
       [[f"{g['output_tokens'][0]}-{g['output_tokens'][1]} (mean {g['mean_output_tokens']:.1f})",
-        name, r['gamma'], f"{r['tokens_per_target_call']:.2f}", f"{r['speedup_measured']:.2f}x",
-        f"{r['speedup_ideal']:.2f}x", f"{r['efficiency']:.2f}"]
-       for g in groups for name, rs in g['drafts'].items() for r in rs], 'llrrrrr')
+        f"{g['cost_input_tokens']} ({g['cost_bucket']})", name, r['gamma'],
+        f"{r['tokens_per_target_call']:.2f}",
+        f"{_ratio(g['costs_s'], 't_draft_step_' + name):.3f}",
+        f"{_ratio(g['costs_s'], 't_verify_%d' % (r['gamma'] + 1)):.2f}",
+        f"{r['speedup_measured']:.2f}x", f"{r['speedup_ideal']:.2f}x", f"{r['efficiency']:.2f}"]
+       for g in groups for name, rs in g['drafts'].items() for r in rs], 'llllrrrrrr')
   md += ['', 'ideal = tokens per call x t_target / (gamma t_draft + t_verify(gamma + 1)) '
-         'from the call costs above (speed.sweep); efficiency = measured / ideal.']
+         'from the call costs of the group\'s median-length input (its length bucket: the '
+         'encoder output every call cross-attends to), speed.sweep; efficiency = measured / '
+         'ideal.']
   report.write(md)
   print('\n'.join(md))
 
