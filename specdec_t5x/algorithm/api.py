@@ -187,7 +187,6 @@ def decode_program(target_module, draft_module, *, max_len: int, config: DecodeC
     # Positions written: up to max_len + gamma (finished rows keep computing in place). Every
     # write must fit: rows.update_all skips a call's writes for all rows when one row's
     # window does not (drafting.feature_drafter keeps a finished row's re-feed inside).
-    features = draft_module is not None and reads_features(draft_module)
     cache_len = max_len + (config.gamma if draft_module is not None else 0) + 1
     encoded = target_module.apply(target_vars, encoder_tokens, method='encode')
     target_cache = target_module.apply(target_vars, encoded, encoder_tokens, cache_len,
@@ -197,6 +196,7 @@ def decode_program(target_module, draft_module, *, max_len: int, config: DecodeC
       return decoding.autoregressive_decode(target_fn, target_cache, rng, batch=batch,
                                             max_len=max_len, config=config, eos_id=eos_id,
                                             prompt=prompt)
+    features = reads_features(draft_module)
     target_fn = wrap('target', _extend_fn(target_module, target_vars, *[True] * features))
     if features:  # the head cross-attends to the target's encoder output: no encoder
       draft_encoded = encoded

@@ -12,7 +12,7 @@ where the target is unsure.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -28,13 +28,16 @@ POSITIONS = (0, 8, 16, 32)  # output position buckets [lo, next lo), the last on
 
 
 def draft_argmax(draft: ModelAndParams, target: ModelAndParams, enc: np.ndarray,
-                 tokens: np.ndarray) -> np.ndarray:
+                 tokens: np.ndarray, forced: Optional[tuple] = None) -> np.ndarray:
   """The draft's argmax [b, L] at every position of `tokens`, teacher forced (a feature
-  head reads the target's features of the true prefix)."""
+  head reads the target's features of the true prefix: `forced`, the target's
+  feature_train.teacher_forced pass over `tokens`, computed here when not given)."""
   module, params = draft
   dec_in = feature_train.shift_right(tokens)
   if isinstance(module, FeatureDraft):
-    _, _, before, encoded = feature_train.teacher_forced(*target, enc, dec_in, tokens)
+    if forced is None:
+      forced = feature_train.teacher_forced(*target, enc, dec_in, tokens)
+    _, _, before, encoded = forced
     logits = module.apply({'params': params}, encoded, enc, dec_in, before, tokens)[0][0]
     best = jnp.argmax(logits, -1)
     ids = module.config.draft_vocab
@@ -50,14 +53,15 @@ def agreement_table(target: ModelAndParams, drafts: Dict[str, ModelAndParams],
   bucket; plus every draft's overall agreement. Positions: the target's greedy output
   tokens up to and including EOS."""
   tokens = np.asarray(api.generate(target, enc, max_decode_length=max_len).tokens)
-  module, params = target
-  logits = module.apply({'params': params}, enc, feature_train.shift_right(tokens), tokens)
-  probs = jax.nn.softmax(logits.astype(jnp.float32), -1)
+  forced = feature_train.teacher_forced(*target, enc, feature_train.shift_right(tokens),
+                                        tokens)  # one target pass for the table and the heads
+  probs = jax.nn.softmax(forced[0].astype(jnp.float32), -1)
   top1, best = np.asarray(jnp.max(probs, -1)), np.asarray(jnp.argmax(probs, -1))
   mask = tokens > 0
   # The decode's tokens are what the verifier compares with (teacher forcing sums in
   # another order, which may flip a near-tie: counted, not hidden).
-  agree = {name: draft_argmax(d, target, enc, tokens) == tokens for name, d in drafts.items()}
+  agree = {name: draft_argmax(d, target, enc, tokens, forced) == tokens
+           for name, d in drafts.items()}
   p, n = top1[mask], int(mask.sum())
   rows = []
   for i, (lo, hi) in enumerate(zip(edges[:-1], edges[1:])):
@@ -78,24 +82,24 @@ def agreement_table(target: ModelAndParams, drafts: Dict[str, ModelAndParams],
           'agreement': {k: float(a[mask].mean()) for k, a in agree.items()}, 'buckets': rows}
 
 
-def markdown(table: dict, task: str) -> str:
+def _bucket_table(first: str, labelled: Sequence[Tuple[str, dict]], table: dict) -> list:
+  """A Markdown table: one row per (label, bucket), then the overall agreement."""
   names = list(table['agreement'])
-  lines = [f'### {task}: {table["positions"]} positions, mean top-1 probability '
-           f'{table["mean_top1"]:.2f}', '',
-           '| target top-1 probability | share of positions | ' +
-           ' | '.join(f'{k} agreement' for k in names) + ' |',
-           '|---|---:|' + '---:|' * len(names)]
-  for r in table['buckets']:
+  lines = [f'| {first} | share of positions | ' + ' | '.join(f'{k} agreement' for k in names)
+           + ' |', '|---|---:|' + '---:|' * len(names)]
+  for label, r in labelled:
     cells = [f'{r["agreement"][k]:.2f}' if r['agreement'][k] is not None else '-'
              for k in names]
-    lines.append(f'| {r["top1_from"]:.1f}-{r["top1_to"]:.1f} | {r["share"]:.2f} | ' +
-                 ' | '.join(cells) + ' |')
-  total = '| all | 1.00 | ' + ' | '.join(f'{table["agreement"][k]:.2f}' for k in names) + ' |'
-  lines += [total, '', '| output position | share of positions | ' +
-            ' | '.join(f'{k} agreement' for k in names) + ' |',
-            '|---|---:|' + '---:|' * len(names)]
-  for r in table['by_position']:
-    cells = [f'{r["agreement"][k]:.2f}' if r['agreement'][k] is not None else '-'
-             for k in names]
-    lines.append(f'| {r["from"]}-{r["to"] - 1} | {r["share"]:.2f} | ' + ' | '.join(cells) + ' |')
-  return '\n'.join(lines + [total])
+    lines.append(f'| {label} | {r["share"]:.2f} | ' + ' | '.join(cells) + ' |')
+  return lines + ['| all | 1.00 | ' + ' | '.join(f'{table["agreement"][k]:.2f}' for k in names)
+                  + ' |']
+
+
+def markdown(table: dict, task: str) -> str:
+  return '\n'.join(
+      [f'### {task}: {table["positions"]} positions, mean top-1 probability '
+       f'{table["mean_top1"]:.2f}', '']
+      + _bucket_table('target top-1 probability', [
+          (f'{r["top1_from"]:.1f}-{r["top1_to"]:.1f}', r) for r in table['buckets']], table)
+      + [''] + _bucket_table('output position', [
+          (f'{r["from"]}-{r["to"] - 1}', r) for r in table['by_position']], table))
