@@ -50,6 +50,13 @@ from specdec_t5x.research import feature_train, harness
 from specdec_t5x.research.train_config import TrainConfig
 
 
+def _layers(text: str) -> tuple:
+  try:
+    return tuple(int(item) for item in text.split(',') if item.strip())
+  except ValueError:
+    raise argparse.ArgumentTypeError(f'expected comma-separated layer indices, got {text!r}')
+
+
 def main(argv=None) -> dict:
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   p.add_argument('--target', required=True, help='the target model dir (config.json + checkpoint)')
@@ -69,6 +76,9 @@ def main(argv=None) -> dict:
   p.add_argument('--num_heads', type=int, default=2)
   p.add_argument('--mlp_dim', type=int, default=512)
   p.add_argument('--num_layers', type=int, default=1)
+  p.add_argument('--feature_layers', type=_layers, default=(),
+                 help="target decoder layers whose outputs the head also reads, e.g. '0,2' "
+                 "(EAGLE-3's fusion; the final features always); empty: the final only")
   p.add_argument('--draft_vocab_size', type=int, default=0,
                  help="logits over the data targets' N commonest ids only (a reduced draft "
                  'vocabulary, EAGLE-3); 0 = the whole vocabulary')
@@ -101,7 +111,7 @@ def main(argv=None) -> dict:
   head_cfg = feature_draft.FeatureDraftConfig(
       vocab_size=target_cfg.vocab_size, target_emb_dim=target_cfg.emb_dim,
       emb_dim=args.emb_dim, num_heads=args.num_heads, head_dim=64, mlp_dim=args.mlp_dim,
-      num_layers=args.num_layers, draft_vocab=draft_vocab)
+      num_layers=args.num_layers, draft_vocab=draft_vocab, feature_layers=args.feature_layers)
   cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size,
                     learning_rate=args.learning_rate, warmup_steps=args.warmup_steps,
                     weight_decay=args.weight_decay, mixing_rates=args.mixing_rates or None,

@@ -135,9 +135,9 @@ def test_speculative_and_autoregressive_agree_two_sample(models, cfg):
   assert stats.chi2_contingency(table).pvalue > 1e-3
 
 
-def test_broken_rule_is_detected(models, monkeypatch):
-  """Resampling from p instead of the residual after a rejection must fail the test."""
-  target, draft, _ = models
+def broken_rule_pvalue(target, draft, monkeypatch, seed):
+  """The chi-square p-value at T = 1 of samples drawn with the broken rule: resampling from
+  p instead of the residual after a rejection (every exactness suite must catch it)."""
   cfg = sampling.SamplingConfig(1.0)
   exact = exact_probabilities(target, ENC, cfg)
 
@@ -146,4 +146,9 @@ def test_broken_rule_is_detected(models, monkeypatch):
 
   monkeypatch.setattr(sampling, 'correction_distribution', broken)
   monkeypatch.setattr(api, '_COMPILED', collections.OrderedDict())
-  assert chi2_pvalue(exact, sample_counts(target, draft, ENC, cfg, seed=1)) < 1e-6
+  return chi2_pvalue(exact, sample_counts(target, draft, ENC, cfg, seed=seed))
+
+
+def test_broken_rule_is_detected(models, monkeypatch):
+  target, draft, _ = models
+  assert broken_rule_pvalue(target, draft, monkeypatch, seed=1) < 1e-6

@@ -1,6 +1,7 @@
 """Training and storing a feature-reading draft head: the loss falls, an interrupted run
 resumes to the same parameters, changed settings are refused, and the exported model
 directory loads back as a head (config kind, parameter tree) that decodes."""
+import dataclasses
 import importlib.util
 import json
 import os
@@ -14,6 +15,7 @@ from conftest import make_model, tiny_config
 from test_training import data_dir, small_cfg  # noqa: F401  (the npz fixture)
 from specdec_t5x import generate
 from specdec_t5x.algorithm import feature_draft
+from specdec_t5x.algorithm.network import Transformer
 from specdec_t5x.integration import checkpoints, model_dir
 from specdec_t5x.research import evaluation, feature_train
 
@@ -124,10 +126,7 @@ def test_the_script_fine_tunes_a_head_keeping_its_draft_vocabulary(target_dir, d
                                                                   tmp_path):
   """--draft_vocab_from keeps an exported head's ids (fine-tuning on other data, whose
   commonest ids differ); with --draft_vocab_size as well it is refused."""
-  spec = importlib.util.spec_from_file_location(
-      'train_feature_draft', REPO / 'scripts' / 'train_feature_draft.py')
-  script = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(script)
+  script = _script()
   ids = (2, 3, 5, 7, 11, 13, 40)
   source = feature_draft.FeatureDraftConfig(vocab_size=VOCAB, target_emb_dim=32, emb_dim=16,
                                             num_heads=2, head_dim=64, mlp_dim=32,
@@ -144,6 +143,54 @@ def test_the_script_fine_tunes_a_head_keeping_its_draft_vocabulary(target_dir, d
   assert feature_train.commonest_ids(data_dir, len(ids), VOCAB) != ids  # not the data's own
   with pytest.raises(SystemExit):
     script.main(flags + ['--workdir', str(tmp_path / 'x'), '--draft_vocab_size', '7'])
+
+
+def test_a_head_reading_more_layers_starts_from_one_reading_the_final_features(  # noqa: F811
+    target_dir, data_dir, tmp_path):
+  """start_from gives the tapped layers zero input rows and zero predicted-feature columns,
+  so the fused head computes what the exported one did; the script trains such a head."""
+  feature_train.export(feature_draft.init_params(HEAD, jax.random.PRNGKey(5)), HEAD,
+                       str(tmp_path / 'plain'), 1)
+  fused = dataclasses.replace(HEAD, feature_layers=(0, 1))
+  start = feature_train.start_from(feature_draft.init_params(fused, jax.random.PRNGKey(0)),
+                                   fused, str(tmp_path / 'plain'))
+  _, plain = model_dir.load(str(tmp_path / 'plain'))
+  target_cfg, target_params = model_dir.load(target_dir)
+  target = Transformer(target_cfg)
+  enc = np.random.RandomState(0).randint(2, VOCAB, (3, 6)).astype(np.int32)
+  dec_in = feature_train.shift_right(np.random.RandomState(1).randint(2, VOCAB, (3, 5)))
+  outs = []
+  for cfg, params in ((HEAD, plain), (fused, start)):
+    _, _, before, encoded = feature_train.teacher_forced(target, target_params, enc, dec_in,
+                                                         None, cfg.feature_layers)
+    outs.append(feature_draft.FeatureDraft(cfg).apply({'params': params}, encoded, enc, dec_in,
+                                                      before, passes=2))
+  for (logits, predicted), (got, got_predicted) in zip(*outs):
+    np.testing.assert_allclose(got, logits, atol=1e-5)
+    np.testing.assert_allclose(got_predicted[..., :32], predicted, atol=1e-5)
+    assert got_predicted.shape[-1] == 96 and not np.any(got_predicted[..., 32:])
+  feature_train.export(start, fused, str(tmp_path / 'fused'), 1)
+  other = dataclasses.replace(HEAD, feature_layers=(1,))  # not the layers it was trained on
+  with pytest.raises(ValueError, match='not a head of these sizes'):
+    feature_train.start_from(feature_draft.init_params(other, jax.random.PRNGKey(0)), other,
+                             str(tmp_path / 'fused'))
+  flags = ['--target', target_dir, '--data', data_dir, '--steps', '2', '--batch_size', '4',
+           '--emb_dim', '16', '--mlp_dim', '32', '--num_val_examples', '4', '--no_progress']
+  end = _script().main(flags + ['--workdir', str(tmp_path / 'w'), '--feature_layers', '0,1',
+                                '--export', str(tmp_path / 'out')])
+  assert end['done'] and model_dir.load_config(str(tmp_path / 'out')).feature_layers == (0, 1)
+  with pytest.raises(SystemExit):
+    _script().main(flags + ['--workdir', str(tmp_path / 'x'), '--feature_layers', '0,a'])
+  with pytest.raises(ValueError, match='2 decoder layers'):
+    _script().main(flags + ['--workdir', str(tmp_path / 'y'), '--feature_layers', '2'])
+
+
+def _script():
+  spec = importlib.util.spec_from_file_location(
+      'train_feature_draft', REPO / 'scripts' / 'train_feature_draft.py')
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  return script
 
 
 def test_distill_data_takes_rows_per_task(target_dir, data_dir, tmp_path):  # noqa: F811

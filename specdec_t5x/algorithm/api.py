@@ -152,7 +152,7 @@ def _log_sharded(devices: int) -> None:
 
 def _extend_fn(module, variables, *extra) -> decoding.ExtendFn:
   """`module.extend` bound to `variables`; `extra` arguments follow the ExtendFn's own
-  (return_features=True for a target read by a feature draft)."""
+  (return_features=True and the feature layers, for a target read by a feature draft)."""
   def fn(cache, tokens, positions, *args):
     return module.apply(variables, cache, tokens, positions, *args, *extra, method='extend')
   return fn
@@ -165,14 +165,9 @@ def reads_features(draft_module) -> bool:
 
 def check_feature_draft(target_module, draft_module) -> None:
   """Raises unless a feature-reading draft was made for this target's feature width."""
-  if not reads_features(draft_module):
-    return
-  want = getattr(getattr(target_module, 'config', None), 'emb_dim', None)
-  got = draft_module.config.target_emb_dim
-  if want is not None and want != got:
-    raise ValueError(f'The feature draft reads target features of width {got} '
-                     f'(target_emb_dim), but the target\'s emb_dim is {want}: it was '
-                     'trained for another target.')
+  target_config = getattr(target_module, 'config', None)
+  if reads_features(draft_module) and target_config is not None:
+    feature_draft.check_fits(draft_module.config, target_config)
 
 
 def decode_program(target_module, draft_module, *, max_len: int, config: DecodeConfig,
@@ -197,7 +192,8 @@ def decode_program(target_module, draft_module, *, max_len: int, config: DecodeC
                                             max_len=max_len, config=config, eos_id=eos_id,
                                             prompt=prompt)
     features = reads_features(draft_module)
-    target_fn = wrap('target', _extend_fn(target_module, target_vars, *[True] * features))
+    extra = (True, draft_module.config.feature_layers) if features else ()
+    target_fn = wrap('target', _extend_fn(target_module, target_vars, *extra))
     if features:  # the head cross-attends to the target's encoder output: no encoder
       draft_encoded = encoded
     else:
@@ -207,7 +203,7 @@ def decode_program(target_module, draft_module, *, max_len: int, config: DecodeC
     return decoding.speculative_decode(
         target_fn, wrap('draft', _extend_fn(draft_module, draft_vars)), target_cache,
         draft_cache, rng, batch=batch, max_len=max_len, config=config, eos_id=eos_id,
-        prompt=prompt, feature_dim=target_module.config.emb_dim if features else None,
+        prompt=prompt, feature_dim=draft_module.config.feature_dim if features else None,
         draft_vocab=feature_draft.vocabulary(draft_module.config) if features else None)
 
   return run

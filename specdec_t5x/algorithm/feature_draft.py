@@ -8,7 +8,8 @@ so it has no encoder of its own and nothing to prefill.
 At decoder position t the head's input is its embedding of the token at t (the token the
 target emitted from position t - 1) plus a projection of the target's feature at t - 1
 (`Transformer.extend(..., return_features=True)`: the decoder's final normalised hidden
-state, zeros before position 0). Its decoder layers (cached self-attention over earlier
+state, zeros before position 0; with `feature_layers` also the residual stream after
+those decoder layers, concatenated: EAGLE-3's fusion of low, middle and high layers). Its decoder layers (cached self-attention over earlier
 head positions, cross-attention to the target's encoder output, gated MLP) end in two
 outputs: logits over the vocabulary or a reduced draft vocabulary (its own `logits_dense`,
 float32) and a predicted target feature (`feature_out`). Past the last verified token the
@@ -55,6 +56,9 @@ class FeatureDraftConfig:
   # order (e.g. the commonest target tokens of the training data); every other id gets
   # probability 0 (never drafted). Empty: the whole vocabulary.
   draft_vocab: Tuple[int, ...] = ()
+  # Target decoder layers (0-based, increasing) whose outputs the head reads besides the
+  # final normalised features (layers.fused_features). Empty: the final features only.
+  feature_layers: Tuple[int, ...] = ()
 
   def __post_init__(self):
     for name in ('vocab_size', 'target_emb_dim', 'emb_dim', 'num_heads', 'head_dim',
@@ -69,11 +73,22 @@ class FeatureDraftConfig:
       raise ValueError('FeatureDraftConfig.draft_vocab must be a tuple of increasing token ids '
                        f'in [0, vocab_size={self.vocab_size}) (empty: the whole vocabulary), '
                        f'got {str(ids)[:80]}.')
+    layers = self.feature_layers
+    if not isinstance(layers, tuple) or not all(
+        isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers) or any(
+            a >= b for a, b in zip(layers, layers[1:])):
+      raise ValueError('FeatureDraftConfig.feature_layers must be a tuple of increasing '
+                       f'decoder layer indices >= 0, got {layers!r}.')
 
   @property
   def output_vocab_size(self) -> int:
     """How many logits the head computes (len(draft_vocab), or the whole vocabulary)."""
     return len(self.draft_vocab) or self.vocab_size
+
+  @property
+  def feature_dim(self) -> int:
+    """The width of the target features the head reads (and predicts)."""
+    return self.target_emb_dim * (1 + len(self.feature_layers))
 
 
 class HeadLayer(nn.Module):
@@ -110,7 +125,8 @@ class HeadLayer(nn.Module):
 
 
 class FeatureDraft(nn.Module):
-  """The head. `__call__` is the teacher-forced training pass; `init_cache` / `extend` decode."""
+  """The head. `__call__` is the teacher-forced training pass; `init_cache` / `extend` decode.
+  F = config.feature_dim, the width of the target features it reads."""
   config: FeatureDraftConfig
   reads_target_features: ClassVar[bool] = True  # decoding.py feeds it the target's features
 
@@ -122,25 +138,25 @@ class FeatureDraft(nn.Module):
     self.layers = [HeadLayer(cfg) for _ in range(cfg.num_layers)]
     self.final_norm = RMSNorm(cfg.dtype)
     self.logits_dense = Dense(cfg.output_vocab_size, jnp.float32, kernel_init(), ('embed', 'vocab'))
-    self.feature_out = Dense(cfg.target_emb_dim, jnp.float32, kernel_init(), ('mlp', 'embed'))
+    self.feature_out = Dense(cfg.feature_dim, jnp.float32, kernel_init(), ('mlp', 'embed'))
 
   def _inputs(self, tokens, features):
-    """tokens [b, k], the target's features at the previous positions [b, k, E] -> [b, k, emb]."""
+    """tokens [b, k], the target's features at the previous positions [b, k, F] -> [b, k, emb]."""
     x = self.token_embedder(tokens.astype(jnp.int32))
     return x + self.feature_in(features.astype(self.config.dtype)).astype(x.dtype)
 
   def _outputs(self, x):
     """[b, k, emb] -> (logits [b, k, output_vocab_size] float32, predicted features
-    [b, k, E] float32)."""
+    [b, k, F] float32)."""
     h = self.final_norm(x)
     return self.logits_dense(h), self.feature_out(h)
 
   def __call__(self, encoded, encoder_tokens, decoder_input_tokens, features,
                decoder_target_tokens=None, passes: int = 1):
     """Teacher-forced passes -> [(logits [b, L, output_vocab_size], predicted features
-    [b, L, E])] per pass.
+    [b, L, F])] per pass.
 
-    encoded [b, enc, E]: the target's encoder output; features [b, L, E]: the target's
+    encoded [b, enc, E]: the target's encoder output; features [b, L, F]: the target's
     features at t - 1 for each position t (zeros at 0). Pass 1 reads them; pass j > 1
     reads pass j - 1's predictions at t - 1, and its query at t attends as the j-th draft
     call does at decode time: pass 1's keys up to t - j + 1, then pass i's key at
@@ -184,9 +200,9 @@ class FeatureDraft(nn.Module):
 
   def extend(self, cache, tokens, positions, features, pick: Optional[jax.Array] = None):
     """tokens [b, k] at positions [b].., the target's (or the head's predicted) features
-    at the positions before them [b, k, E] -> (logits, cache, predicted features): at every
-    position ([b, k, V'], [b, k, E]) or, with `pick` [b], at row r's position pick[r] only
-    ([b, 1, V'], [b, 1, E]). V' = config.output_vocab_size: with a reduced draft
+    at the positions before them [b, k, F] -> (logits, cache, predicted features): at every
+    position ([b, k, V'], [b, k, F]) or, with `pick` [b], at row r's position pick[r] only
+    ([b, 1, V'], [b, 1, F]). V' = config.output_vocab_size: with a reduced draft
     vocabulary the logits are over its ids (`vocabulary()` maps them; the loop drafts
     over them and gives every other id probability 0)."""
     self_bias, cross_bias = decode_biases(self.relpos_bias, cache, positions, tokens.shape[1],
@@ -207,6 +223,20 @@ class FeatureDraft(nn.Module):
     return logits, dict(cache, layers=new_layers), predicted
 
 
+def check_fits(config: FeatureDraftConfig, target_config: Any) -> None:
+  """Raises unless the head reads features of the target whose T5Config is given."""
+  if config.vocab_size != target_config.vocab_size or (
+      config.target_emb_dim != target_config.emb_dim):
+    raise ValueError(f'The feature draft reads a target of vocab_size {config.vocab_size} and '
+                     f'emb_dim {config.target_emb_dim} (target_emb_dim), but this target has '
+                     f'{target_config.vocab_size} and {target_config.emb_dim}: it was trained '
+                     'for another target.')
+  if config.feature_layers and config.feature_layers[-1] >= target_config.num_decoder_layers:
+    raise ValueError(f'The feature draft reads decoder layers {config.feature_layers} '
+                     f'(feature_layers), but the target has '
+                     f'{target_config.num_decoder_layers} decoder layers.')
+
+
 def vocabulary(config: FeatureDraftConfig) -> Optional[drafting.DraftVocabulary]:
   """The ids of the head's logits columns for the decoding loop (None: the whole vocabulary)."""
   if not config.draft_vocab:
@@ -219,7 +249,7 @@ def init_variables(config: FeatureDraftConfig, rng: jax.Array) -> Any:
   b, length, enc = 1, 4, 3
   return jax.jit(FeatureDraft(config).init)(
       rng, jnp.zeros((b, enc, config.target_emb_dim)), jnp.ones((b, enc), jnp.int32),
-      jnp.ones((b, length), jnp.int32), jnp.zeros((b, length, config.target_emb_dim)))
+      jnp.ones((b, length), jnp.int32), jnp.zeros((b, length, config.feature_dim)))
 
 
 def init_params(config: FeatureDraftConfig, rng: jax.Array, target_params: Any = None) -> Any:
@@ -237,9 +267,10 @@ def init_params(config: FeatureDraftConfig, rng: jax.Array, target_params: Any =
     raise ValueError(f'The target embedding is {embedding.shape}; the head expects '
                      f'[{config.vocab_size}, {config.target_emb_dim}].')
   params = jax.tree_util.tree_map(lambda x: x, params)  # a mutable copy
-  w_in = params['feature_in']['kernel']  # [E, emb]
+  e = config.target_emb_dim  # the final features come first in the fused ones
+  w_in = params['feature_in']['kernel'][:e]  # [E, emb]
   params['token_embedder']['embedding'] = embedding @ w_in
-  w_out = params['feature_out']['kernel']  # [emb, E]
+  w_out = params['feature_out']['kernel'][:, :e]  # [emb, E]
   if config.draft_vocab:
     embedding = embedding[jnp.asarray(config.draft_vocab)]
   params['logits_dense']['kernel'] = (w_out @ embedding.T) / jnp.sqrt(

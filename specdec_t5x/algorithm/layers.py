@@ -304,6 +304,18 @@ def decode_biases(relpos_bias, cache, positions, k: int, dtype):
   return self_bias, mask_to_bias(cache['encoder_mask'][:, None, None, :], dtype)
 
 
+def fused_features(final, taps):
+  """What a feature draft reads from the target: the decoder's final normalised output
+  [b, k, E], then the residual stream after each tapped layer, RMS-normalised without a
+  scale (EAGLE-3's fusion of low, middle and high layers) -> [b, k, E * (1 + len(taps))]
+  float32 (just `final` with no taps)."""
+  parts = [final.astype(jnp.float32)]
+  for tap in taps:
+    tap = tap.astype(jnp.float32)
+    parts.append(tap * jax.lax.rsqrt(jnp.mean(tap * tap, axis=-1, keepdims=True) + 1e-6))
+  return jnp.concatenate(parts, axis=-1) if taps else parts[0]
+
+
 def pairwise(query, key, fn=jnp.logical_and):
   """[batch, q], [batch, k] -> [batch, q, k]: fn of every (query, key) pair."""
   return fn(query[:, :, None], key[:, None, :])

@@ -39,8 +39,8 @@ import jax.numpy as jnp
 from specdec_t5x.algorithm import cpu_kernels, rows
 from specdec_t5x.algorithm.layers import (Attention, Dense, Embed, MlpBlock,
                                           RelativePositionBias, RMSNorm, kernel_init,
-                                          decode_biases, empty_decode_cache, mask_to_bias,
-                                          pairwise)
+                                          decode_biases, empty_decode_cache, fused_features,
+                                          mask_to_bias, pairwise)
 # Re-exported: callers read the bucketing and its constants as network's.
 from specdec_t5x.algorithm.layers import (MAX_DISTANCE, NEG_INF, NUM_BUCKETS,  # noqa: F401
                                           relative_position_bucket)
@@ -114,16 +114,13 @@ class DecoderLayer(nn.Module):
     return self._cross_and_mlp(x, cross, deterministic)
 
   def cross_kv(self, encoded):
-    """encoded [b, enc, emb] -> the cache's cross-attention keys [b, h, d, enc] and values
-    [b, h, enc, d] (Attention.attend_cached's layouts)."""
+    """encoded [b, enc, emb] -> cross-attention keys [b, h, d, enc], values [b, h, enc, d]."""
     k, v = self.encoder_decoder_attention.project_kv(encoded)  # [b, enc, h, d]
     return k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
 
   def extend(self, x, layer_cache, slots, self_bias, cross_bias):
-    """Cached decode of k tokens. x [b, k, emb]; slots [b] physical slot of x[:, 0].
-
-    The self-attention cache holds keys as [b, h, d, slots] and values as [b, h, slots, d].
-    """
+    """Cached decode of k tokens. x [b, k, emb]; slots [b] physical slot of x[:, 0]. The
+    self-attention cache holds keys as [b, h, d, slots] and values as [b, h, slots, d]."""
     y = self.pre_self_attention_layer_norm(x)
     q = self.self_attention.project_q(y)
     k_new, v_new = self.self_attention.project_kv(y)  # [b, k, h, d]
@@ -137,6 +134,7 @@ class DecoderLayer(nn.Module):
         layer_cache['cross_v'], cross_bias)
     x = self._cross_and_mlp(x, cross, True)
     return x, dict(layer_cache, k=k_cache, v=v_cache)
+
 
 _T5X_DECODE_UNSUPPORTED = (
     'specdec_t5x.network.Transformer does not implement T5X\'s one-token autoregressive cache '
@@ -161,11 +159,8 @@ class Transformer(nn.Module):
     self.decoder = Decoder(cfg, self.token_embedder)
 
   def encode(self, encoder_input_tokens, encoder_segment_ids=None, enable_dropout: bool = False):
-    """[batch, enc_len] int -> [batch, enc_len, emb].
-
-    `encoder_segment_ids` [batch, enc_len] (packed examples): tokens attend only within
-    their segment.
-    """
+    """[batch, enc_len] int -> [batch, enc_len, emb]; with `encoder_segment_ids` [batch,
+    enc_len] (packed examples) tokens attend only within their segment."""
     return self.encoder(encoder_input_tokens, encoder_segment_ids,
                         deterministic=not enable_dropout)
 
@@ -192,18 +187,21 @@ class Transformer(nn.Module):
     """Decode cache for up to `max_length` positions (0..max_length-1) per row."""
     return self.decoder.init_cache(encoded, encoder_input_tokens, max_length)
 
-  def extend(self, cache, tokens, positions, return_features: bool = False):
-    """Append tokens [batch, k] at positions [batch].. -> (logits [b, k, vocab], cache),
-    and with `return_features` also the decoder's final normalised hidden states [b, k,
-    emb] (float32): what the output layer reads, and what a feature_draft head reads."""
-    return self.decoder.extend(cache, tokens, positions, return_features)
+  def extend(self, cache, tokens, positions, return_features: bool = False, feature_layers=()):
+    """Append tokens [batch, k] at positions [batch].. -> (logits [b, k, vocab], cache), and
+    with `return_features` also what a feature_draft head reads [b, k, F] float32: the final
+    normalised hidden states (what the output layer reads), then the residual stream after
+    each decoder layer in `feature_layers` (layers.fused_features)."""
+    return self.decoder.extend(cache, tokens, positions, return_features, feature_layers)
 
-  def features(self, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens=None):
-    """Teacher-forced -> (logits [b, len, vocab], features [b, len, emb] float32 as
+  def features(self, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens=None,
+               feature_layers=()):
+    """Teacher-forced -> (logits [b, len, vocab], features [b, len, F] float32 as
     `extend` returns them, the encoder output [b, enc_len, emb]): a head's training data."""
     encoded = self.encode(encoder_input_tokens)
     logits, features = self.decoder(encoded, encoder_input_tokens, decoder_input_tokens,
-                                    decoder_target_tokens, return_features=True)
+                                    decoder_target_tokens, return_features=True,
+                                    feature_layers=feature_layers)
     return logits, features, encoded
 
   def __call__(self, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens=None,
@@ -231,9 +229,7 @@ class Transformer(nn.Module):
       max_decode_length: only meaningful with `decode`.
       prefill: T5X's cache prefill; True raises NotImplementedError.
       prefill_lengths: only meaningful with `prefill`.
-
-    Returns:
-      logits [batch, dec_len, vocab] float32.
+    Returns logits [batch, dec_len, vocab] float32.
     """
     del encoder_positions  # See the docstring.
     _check_not_t5x_decode(decode, prefill)
@@ -283,19 +279,19 @@ class Decoder(nn.Module):
       # float32 whatever cfg.dtype is, as in T5X ("for stability").
       self.logits_dense = Dense(cfg.vocab_size, jnp.float32, kernel_init(), ('embed', 'vocab'))
 
-  def _logits(self, x, deterministic, return_features: bool = False):
+  def _logits(self, x, deterministic, return_features: bool = False, taps=()):
     """Decoder output [b, len, emb] -> float32 logits [b, len, vocab] (and, with
-    `return_features`, the normalised output the logits are computed from, float32)."""
+    `return_features`, layers.fused_features of the normalised output and the `taps`)."""
     x = self.dropout(self.decoder_norm(x), deterministic=deterministic)
     if self.config.logits_via_embedding:  # T5 v1.0: tied, scaled by 1/sqrt(emb_dim)
       logits = self.shared_embedding.attend(x) / jnp.sqrt(jnp.float32(x.shape[-1]))
     else:
       logits = self.logits_dense(x)
-    return (logits, x.astype(jnp.float32)) if return_features else logits
+    return (logits, fused_features(x, taps)) if return_features else logits
 
   def __call__(self, encoded, encoder_tokens, decoder_input_tokens, decoder_target_tokens=None,
                encoder_segment_ids=None, decoder_segment_ids=None, deterministic: bool = True,
-               return_features: bool = False):
+               return_features: bool = False, feature_layers=()):
     if encoder_segment_ids is not None and decoder_segment_ids is None:
       raise ValueError('encoder_segment_ids was given without decoder_segment_ids; packed '
                        'examples need both (cross attention stays within a segment).')
@@ -316,24 +312,27 @@ class Decoder(nn.Module):
     cross_bias = mask_to_bias(cross_mask[:, None], self.config.dtype)
     x = self.shared_embedding(decoder_input_tokens.astype(jnp.int32))
     x = self.dropout(x, deterministic=deterministic)
-    for layer in self.layers:
+    taps = []
+    for i, layer in enumerate(self.layers):
       x = layer(x, encoded, self_bias, cross_bias, deterministic)
-    return self._logits(x, deterministic, return_features)
+      taps += [x] if i in feature_layers else []
+    return self._logits(x, deterministic, return_features, taps)
 
   def init_cache(self, encoded, encoder_tokens, max_length: int):
     cfg = self.config
     return empty_decode_cache(self.layers, encoded, encoder_tokens, max_length,
                               cfg.num_heads, cfg.head_dim, cfg.dtype)
 
-  def extend(self, cache, tokens, positions, return_features: bool = False):
+  def extend(self, cache, tokens, positions, return_features: bool = False, feature_layers=()):
     self_bias, cross_bias = decode_biases(self.relpos_bias, cache, positions, tokens.shape[1],
                                           self.config.dtype)
     x = self.shared_embedding(tokens.astype(jnp.int32))
-    new_layers = []
-    for layer, layer_cache in zip(self.layers, cache['layers']):
+    new_layers, taps = [], []
+    for i, (layer, layer_cache) in enumerate(zip(self.layers, cache['layers'])):
       x, layer_cache = layer.extend(x, layer_cache, positions + 1, self_bias, cross_bias)
       new_layers.append(layer_cache)
-    out = self._logits(x, True, return_features)
+      taps += [x] if i in feature_layers else []
+    out = self._logits(x, True, return_features, taps)
     if return_features:
       return out[0], dict(cache, layers=new_layers), out[1]
     return out, dict(cache, layers=new_layers)

@@ -68,7 +68,7 @@ def _extend_loop(module, num_tokens: int, cache_len: int):
       encoded = module.apply(variables, enc, method='encode')
     cache = module.apply(variables, encoded, enc, cache_len, method='init_cache')
     tokens = jnp.full((enc.shape[0], num_tokens), 3, jnp.int32)
-    extra = ((jnp.zeros((enc.shape[0], num_tokens, module.config.target_emb_dim)),)
+    extra = ((jnp.zeros((enc.shape[0], num_tokens, module.config.feature_dim)),)
              if features else ())
     seen = sum((jnp.sum(x).astype(jnp.float32) for x in jax.tree_util.tree_leaves(cache)
                 if jnp.issubdtype(x.dtype, jnp.floating)), jnp.float32(0.0))

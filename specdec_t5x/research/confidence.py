@@ -28,16 +28,19 @@ POSITIONS = (0, 8, 16, 32)  # output position buckets [lo, next lo), the last on
 
 
 def draft_argmax(draft: ModelAndParams, target: ModelAndParams, enc: np.ndarray,
-                 tokens: np.ndarray, forced: Optional[tuple] = None) -> np.ndarray:
+                 tokens: np.ndarray, forced: Optional[dict] = None) -> np.ndarray:
   """The draft's argmax [b, L] at every position of `tokens`, teacher forced (a feature
-  head reads the target's features of the true prefix: `forced`, the target's
-  feature_train.teacher_forced pass over `tokens`, computed here when not given)."""
+  head reads the target's features of the true prefix: the target's
+  feature_train.teacher_forced pass over `tokens` with the head's feature_layers, taken
+  from `forced` (keyed by them) or computed here and added to it)."""
   module, params = draft
   dec_in = feature_train.shift_right(tokens)
   if isinstance(module, FeatureDraft):
-    if forced is None:
-      forced = feature_train.teacher_forced(*target, enc, dec_in, tokens)
-    _, _, before, encoded = forced
+    forced = {} if forced is None else forced
+    layers = module.config.feature_layers
+    if layers not in forced:
+      forced[layers] = feature_train.teacher_forced(*target, enc, dec_in, tokens, layers)
+    _, _, before, encoded = forced[layers]
     logits = module.apply({'params': params}, encoded, enc, dec_in, before, tokens)[0][0]
     best = jnp.argmax(logits, -1)
     ids = module.config.draft_vocab
@@ -53,9 +56,9 @@ def agreement_table(target: ModelAndParams, drafts: Dict[str, ModelAndParams],
   bucket; plus every draft's overall agreement. Positions: the target's greedy output
   tokens up to and including EOS."""
   tokens = np.asarray(api.generate(target, enc, max_decode_length=max_len).tokens)
-  forced = feature_train.teacher_forced(*target, enc, feature_train.shift_right(tokens),
-                                        tokens)  # one target pass for the table and the heads
-  probs = jax.nn.softmax(forced[0].astype(jnp.float32), -1)
+  forced = {(): feature_train.teacher_forced(*target, enc, feature_train.shift_right(tokens),
+                                             tokens)}  # for the table and every head
+  probs = jax.nn.softmax(forced[()][0].astype(jnp.float32), -1)
   top1, best = np.asarray(jnp.max(probs, -1)), np.asarray(jnp.argmax(probs, -1))
   mask = tokens > 0
   # The decode's tokens are what the verifier compares with (teacher forcing sums in

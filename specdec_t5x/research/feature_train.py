@@ -49,12 +49,14 @@ def shift_right(tokens):
   return jnp.pad(jnp.asarray(tokens)[:, :-1], ((0, 0), (1, 0)))
 
 
-def teacher_forced(target: Any, target_params: Params, enc, dec_in, tgt=None):
-  """The target run teacher forced over `dec_in` -> (logits, features [b, L, E], the
-  features before each position (the head's input there; zeros before BOS), encoder
-  output). `tgt` (the outputs, or None) only marks the padding."""
+def teacher_forced(target: Any, target_params: Params, enc, dec_in, tgt=None,
+                   feature_layers: tuple = ()):
+  """The target run teacher forced over `dec_in` -> (logits, features [b, L, F] (fused
+  with `feature_layers`' outputs: FeatureDraftConfig's), the features before each
+  position (the head's input there; zeros before BOS), encoder output). `tgt` (the
+  outputs, or None) only marks the padding."""
   logits, feats, encoded = target.apply({'params': target_params}, enc, dec_in, tgt,
-                                        method='features')
+                                        feature_layers, method='features')
   return logits, feats, jnp.pad(feats[:, :-1], ((0, 0), (1, 0), (0, 0))), encoded
 
 
@@ -84,7 +86,7 @@ def make_steps(target_cfg: T5Config, head_cfg: feature_draft.FeatureDraftConfig,
     enc, dec_in = batch['encoder_input_tokens'], batch['decoder_input_tokens']
     tgt = batch['decoder_target_tokens']
     logits_t, feats, before, encoded = jax.lax.stop_gradient(
-        teacher_forced(target, target_params, enc, dec_in, tgt))
+        teacher_forced(target, target_params, enc, dec_in, tgt, head_cfg.feature_layers))
     outs = head.apply({'params': params}, encoded, enc, dec_in, before, tgt, passes=passes)
     weights = (tgt > 0).astype(jnp.float32)
     count = jnp.maximum(weights.sum(), 1.0)
@@ -133,13 +135,18 @@ def commonest_ids(data_dir: str, size: int, vocab_size: int) -> tuple[int, ...]:
 def start_from(params: Params, head_cfg: feature_draft.FeatureDraftConfig,
                init_dir: str) -> Params:
   """`params` with every weight taken from the exported head in `init_dir` (same sizes);
-  its output layer's columns are picked for `head_cfg`'s draft vocabulary."""
+  its output layer's columns are picked for `head_cfg`'s draft vocabulary, and when
+  `head_cfg` reads more target layers (feature_layers) the new layers' input rows and
+  predicted-feature columns start at zero (the head then computes what the old one did)."""
   old_cfg, old = model_dir.load(init_dir)
-  if not isinstance(old_cfg, feature_draft.FeatureDraftConfig) or dataclasses.replace(
-      old_cfg, draft_vocab=(), dtype=head_cfg.dtype) != dataclasses.replace(
-          head_cfg, draft_vocab=()):
+  same = lambda c: dataclasses.replace(c, draft_vocab=(), feature_layers=(), dtype=head_cfg.dtype)
+  if not isinstance(old_cfg, feature_draft.FeatureDraftConfig) or same(old_cfg) != same(
+      head_cfg) or old_cfg.feature_layers and old_cfg.feature_layers != head_cfg.feature_layers:
     raise ValueError(f'{init_dir} holds {old_cfg}, not a head of these sizes ({head_cfg}).')
   old = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), old)
+  extra = head_cfg.feature_dim - old_cfg.feature_dim  # 0, or the new layers' width
+  old['feature_in'] = {'kernel': jnp.pad(old['feature_in']['kernel'], ((0, extra), (0, 0)))}
+  old['feature_out'] = {'kernel': jnp.pad(old['feature_out']['kernel'], ((0, 0), (0, extra)))}
   kernel = old['logits_dense']['kernel']  # [emb, old output vocab]
   columns = drafting.draft_vocabulary(old_cfg.draft_vocab or range(old_cfg.vocab_size),
                                      old_cfg.vocab_size).columns
@@ -180,10 +187,7 @@ def train_head(target_dir: str, data_dir: str, workdir: str,
     raise ValueError(f'passes must be >= 1, got {passes}.')
   t0 = time.time()
   target_cfg, target_params = model_dir.load(target_dir)
-  if head_cfg.vocab_size != target_cfg.vocab_size or (
-      head_cfg.target_emb_dim != target_cfg.emb_dim):
-    raise ValueError(f'The head ({head_cfg}) does not fit the target {target_dir} '
-                     f'(vocab_size {target_cfg.vocab_size}, emb_dim {target_cfg.emb_dim}).')
+  feature_draft.check_fits(head_cfg, target_cfg)
   train_step, eval_step, tx = make_steps(target_cfg, head_cfg, passes, feature_weight,
                                          cfg.weight_decay)
   mixture = Mixture(load_split(data_dir, 'train', target_cfg.vocab_size), cfg.batch_size,
