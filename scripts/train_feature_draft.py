@@ -22,6 +22,15 @@ r"""Trains a feature-reading draft head (EAGLE-style) for a frozen target, and e
       --draft_vocab_from checkpoints/demo/demo_feature_head_4k \
       --init_from checkpoints/demo/demo_feature_head_4k \
       --export checkpoints/demo/demo_feature_head_kd --vocab data/vocab/demo_spm.model
+  # checkpoints/demo/demo_feature_head_fused: that head also reading the target's decoder
+  # layers 0 and 2 (EAGLE-3's fusion; their weights start at zero), 1500 more steps (69 min):
+  python scripts/train_feature_draft.py --target checkpoints/demo/demo_target \
+      --data data/corpus/distill_npz --workdir runs/demo_feature_head_fused --steps 1500 \
+      --learning_rate 1e-3 --max_target_len 0 --mixing_rates ende=3,summarize=1 \
+      --feature_layers 0,2 --eval_every 250 \
+      --draft_vocab_from checkpoints/demo/demo_feature_head_kd \
+      --init_from checkpoints/demo/demo_feature_head_kd \
+      --export checkpoints/demo/demo_feature_head_fused --vocab data/vocab/demo_spm.model
 
 trains on the corpus's sentences teacher forced through the target, against the target's
 own distribution at every position (research/feature_train.py: soft cross-entropy over

@@ -9,8 +9,9 @@ At decoder position t the head's input is its embedding of the token at t (the t
 target emitted from position t - 1) plus a projection of the target's feature at t - 1
 (`Transformer.extend(..., return_features=True)`: the decoder's final normalised hidden
 state, zeros before position 0; with `feature_layers` also the residual stream after
-those decoder layers, concatenated: EAGLE-3's fusion of low, middle and high layers). Its decoder layers (cached self-attention over earlier
-head positions, cross-attention to the target's encoder output, gated MLP) end in two
+those decoder layers, concatenated: EAGLE-3's fusion of low, middle and high layers). Its
+decoder layers (cached self-attention over earlier head positions, cross-attention to the
+target's encoder output, gated MLP) end in two
 outputs: logits over the vocabulary or a reduced draft vocabulary (its own `logits_dense`,
 float32) and a predicted target feature (`feature_out`). Past the last verified token the
 head feeds its predicted feature back (EAGLE-1's feature feedback); training runs several

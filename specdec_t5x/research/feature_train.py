@@ -2,13 +2,15 @@
 
 Data: token arrays as research/train_data reads them (the corpus, or the target's own
 greedy outputs from scripts/distill_data.py): they only give the contexts, the labels are
-the target's distributions (EAGLE trains on fixed data too). Each step runs the target teacher forced over a batch (its encoder output, its
-final features and logits: no gradient) and the head's `passes` self-fed passes over the
-same positions (pass j: the j-th draft call of a step). Loss per pass and position:
-soft cross-entropy against the target's distribution (EAGLE-3's objective; what alpha
-rewards at any temperature; over the head's reduced draft vocabulary when it has one, the
-target's mass outside it being out of the head's reach) + `feature_weight` x smooth-L1
-between the head's predicted feature and the target's (EAGLE-1's regression, which the fed-back features need).
+the target's distributions (EAGLE trains on fixed data too). Each step runs the target
+teacher forced over a batch (its encoder output, its features (fused with the layers the
+head reads, FeatureDraftConfig.feature_layers) and logits: no gradient) and the head's
+`passes` self-fed passes over the same positions (pass j: the j-th draft call of a step).
+Loss per pass and position: soft cross-entropy against the target's distribution
+(EAGLE-3's objective; what alpha rewards at any temperature; over the head's reduced draft
+vocabulary when it has one, the target's mass outside it being out of the head's reach) +
+`feature_weight` x smooth-L1 between the head's predicted feature and the target's
+(EAGLE-1's regression, which the fed-back features need).
 Logged per pass: how often the head's argmax is the target's (greedy acceptance of the
 j-th draft given the earlier ones were right).
 

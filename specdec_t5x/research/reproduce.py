@@ -87,7 +87,8 @@ STEPS = (
          quick=('--num_examples', '4', '--timed_examples', '3', '--gammas', '1,3',
                 '--timed_gammas', '3', '--temperatures', '0')),
     Step('agreement_by_confidence', 'agreement_by_confidence.py', (
-        '--drafts', 'demo_feature_head_4k,demo_feature_head_kd,demo_draft_m'), timed=False,
+        '--drafts', 'demo_feature_head_4k,demo_feature_head_kd,demo_feature_head_fused,'
+        'demo_draft_m'), timed=False,
          quick=('--num_examples', '2', '--tasks', 'ende')),
     Step('demo_speedup_runs', 'demo_runs.py', ('--runs', '3'), quick=('--runs', '1')),
     Step('demo_draft_m_runs', 'demo_runs.py', (
