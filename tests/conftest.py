@@ -3,6 +3,7 @@ marker: `pytest -m "not slow"` leaves out the end-to-end runs (runners, training
 infer, fine-tuning, Hugging Face, the demo checkpoints) and keeps the exactness and unit
 tests; README command 2 and .ci/run run everything."""
 
+import importlib.util
 import json
 import os
 import pathlib
@@ -28,6 +29,14 @@ def pytest_configure(config):
 
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def load_script(name):
+  """scripts/<name>.py imported as a module (the scripts are not a package)."""
+  spec = importlib.util.spec_from_file_location(name, REPO / 'scripts' / f'{name}.py')
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
 def run_child(code, *args, host_devices=None, timeout=600, with_stderr=False, **env):

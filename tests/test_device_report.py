@@ -2,7 +2,6 @@
 command runs every part (costs, predicted Table 2, efficiency with stock T5X, the demo
 family) through the same code as on a GPU, and writes consistent JSON, Markdown, plots."""
 
-import importlib.util
 import json
 import pathlib
 
@@ -11,20 +10,11 @@ import pytest
 from specdec_t5x.algorithm import theory
 from specdec_t5x.research import t5x_reference
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
-def _script():
-  spec = importlib.util.spec_from_file_location(
-      'device_report', REPO / 'scripts' / 'device_report.py')
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
+from conftest import load_script
 
 @pytest.mark.slow  # every part of the device report, end to end
 def test_device_report_tiny_runs_every_part(tmp_path):
-  script = _script()
+  script = load_script('device_report')
   out = str(tmp_path / 'device')
   result = script.main(['--tiny', '--out', out])
   saved = json.loads(pathlib.Path(out + '.json').read_text())
@@ -93,7 +83,7 @@ def test_device_report_tiny_runs_every_part(tmp_path):
 
 
 def test_device_report_rejects_bad_flags():
-  script = _script()
+  script = load_script('device_report')
   with pytest.raises(ValueError, match="unknown \\['speed'\\]"):
     script.parse_args(['--parts', 'costs,speed'])
   with pytest.raises(ValueError, match="unknown size 'huge'"):

@@ -1,6 +1,5 @@
 """Tests of specdec_t5x/evaluation.py and the evaluation scripts (tiny models made here)."""
 
-import importlib.util
 import json
 import pathlib
 
@@ -10,20 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import make_model, random_inputs, tiny_config
+from conftest import load_script, make_model, random_inputs, tiny_config
 from specdec_t5x.algorithm import sampling, theory, timing
 from specdec_t5x.research import evaluation, speed
 from test_infer import _flags, env  # pylint: disable=unused-import  (tiny ckpts, mock WMT)
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
-def _script(name):
-  spec = importlib.util.spec_from_file_location(name, REPO / 'scripts' / f'{name}.py')
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
 
 @pytest.fixture(autouse=True)
 def _unlock_gin():
@@ -162,7 +151,7 @@ def test_speedup_table_runs_a_paper_row_config(env, tmp_path):
   """configs/spec_t5_small_xxl.gin unchanged, tiny checkpoints, mocked WMT data."""
   out = tmp_path / 'speedup'
   flags = [f for f in _flags(env, None, output_dir=False)]
-  result = _script('speedup_table').main(
+  result = load_script('speedup_table').main(
       flags + ['--gammas', '1,2', '--num_examples', '2', '--repeats', '1', '--cost_calls', '2',
                '--cost_repeats', '1', '--out', str(out)])
   (group,) = result['groups']

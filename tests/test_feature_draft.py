@@ -23,11 +23,17 @@ from specdec_t5x.algorithm import api, decoding, drafting, feature_draft, sampli
 from specdec_t5x.research import feature_train
 
 
-def make_head(target_params, vocab, emb=32, seed=3, layers=1, draft_vocab=()):
+def make_head(target_params, vocab, emb=32, seed=3, layers=1, draft_vocab=(),
+              feature_layers=()):
   config = feature_draft.FeatureDraftConfig(vocab_size=vocab, target_emb_dim=emb, emb_dim=16,
                                             num_heads=2, head_dim=8, mlp_dim=32,
-                                            num_layers=layers, draft_vocab=draft_vocab)
+                                            num_layers=layers, draft_vocab=draft_vocab,
+                                            feature_layers=feature_layers)
   params = feature_draft.init_params(config, jax.random.PRNGKey(seed), target_params)
+  if feature_layers:
+    # The tapped layers' input rows small, as in a head fine-tuned from one that read the
+    # final features only (feature_train.start_from): random full-size rows drown the rest.
+    params['feature_in']['kernel'] = params['feature_in']['kernel'].at[emb:].multiply(0.2)
   return feature_draft.FeatureDraft(config), params
 
 

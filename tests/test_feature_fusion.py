@@ -6,7 +6,6 @@ enumerated sampling distribution, the broken-rule control)."""
 
 import collections
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -14,21 +13,10 @@ import pytest
 from conftest import make_model, random_inputs, tiny_config
 import test_distribution as td
 from test_decoding import _eos_mid_batch
-from test_feature_draft import replay_accepted
+from test_feature_draft import make_head, replay_accepted
 from specdec_t5x import generate
 from specdec_t5x.algorithm import api, feature_draft
 from specdec_t5x.research import feature_train
-
-
-def make_head(target_params, vocab, layers, emb=32, seed=3):
-  config = feature_draft.FeatureDraftConfig(vocab_size=vocab, target_emb_dim=emb, emb_dim=16,
-                                            num_heads=2, head_dim=8, mlp_dim=32,
-                                            feature_layers=layers)
-  params = feature_draft.init_params(config, jax.random.PRNGKey(seed), target_params)
-  # The tapped layers' input rows small, as in a head fine-tuned from one that read the
-  # final features only (feature_train.start_from): random full-size rows drown the rest.
-  params['feature_in']['kernel'] = params['feature_in']['kernel'].at[emb:].multiply(0.2)
-  return feature_draft.FeatureDraft(config), params
 
 
 @pytest.fixture(scope='module')
@@ -70,7 +58,7 @@ def test_bad_feature_layers_are_refused(bad):
 
 
 def test_a_head_reading_a_layer_the_target_lacks_is_refused(target):
-  head = make_head(target[1], 16, (1, 3))
+  head = make_head(target[1], 16, feature_layers=(1, 3))
   with pytest.raises(ValueError, match='3 decoder layers'):
     generate(target, random_inputs(1, 4, 16), draft=head, gamma=2, max_decode_length=4)
 
@@ -79,7 +67,7 @@ def test_a_head_reading_a_layer_the_target_lacks_is_refused(target):
 def test_greedy_acceptances_replay_the_teacher_forced_passes(target, gamma):
   """The loop feeds the head the fused features of its accepted prefix: its acceptances
   equal a replay of the head's teacher-forced passes over the output."""
-  head = make_head(target[1], 16, (0, 1), seed=0)
+  head = make_head(target[1], 16, feature_layers=(0, 1), seed=0)
   enc = random_inputs(4, 6, 16, seed=5)
   out = generate(target, enc, draft=head, gamma=gamma, max_decode_length=16, eos_id=-1)
   tokens = np.asarray(out.tokens)
@@ -94,7 +82,7 @@ def test_greedy_acceptances_replay_the_teacher_forced_passes(target, gamma):
 @pytest.mark.parametrize('batch', [1, 4])
 def test_greedy_equals_autoregressive(batch):
   target = make_model(tiny_config(vocab=40, emb=32, layers=2), seed=1)
-  head = make_head(target[1], 40, (0,))
+  head = make_head(target[1], 40, feature_layers=(0,))
   enc = random_inputs(batch, 9, 40, seed=0)
   eos = _eos_mid_batch(target, enc, 14) if batch > 1 else 1
   ar = generate(target, enc, max_decode_length=14, eos_id=eos)
@@ -107,7 +95,7 @@ def test_greedy_equals_autoregressive(batch):
 @pytest.fixture(scope='module')
 def dist_models():
   target = make_model(tiny_config(vocab=td.VOCAB), seed=10, logit_scale=1.5)  # as there
-  return target, make_head(target[1], td.VOCAB, (0, 1), seed=12)
+  return target, make_head(target[1], td.VOCAB, feature_layers=(0, 1), seed=12)
 
 
 @pytest.mark.parametrize('cfg', td.CASES, ids=['t1', 't0.6', 'topk3', 'topp0.7'])
@@ -123,7 +111,7 @@ def test_the_head_fed_the_final_features_only_is_detected(target, monkeypatch):
   slots zeroed (a target extend that ignores feature_layers). The output distribution
   stays the target's (exactness does not depend on the draft), but the acceptances no
   longer replay the teacher-forced passes."""
-  head = make_head(target[1], 16, (0, 1), seed=0)
+  head = make_head(target[1], 16, feature_layers=(0, 1), seed=0)
   enc = random_inputs(4, 6, 16, seed=5)
   real = api._extend_fn  # pylint: disable=protected-access
 

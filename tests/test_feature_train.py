@@ -2,16 +2,15 @@
 resumes to the same parameters, changed settings are refused, and the exported model
 directory loads back as a head (config kind, parameter tree) that decodes."""
 import dataclasses
-import importlib.util
 import json
 import os
-import pathlib
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import make_model, tiny_config
+from conftest import load_script, make_model, tiny_config
 from test_training import data_dir, small_cfg  # noqa: F401  (the npz fixture)
 from specdec_t5x import generate
 from specdec_t5x.algorithm import feature_draft
@@ -22,9 +21,6 @@ from specdec_t5x.research import evaluation, feature_train
 pytestmark = pytest.mark.slow  # training runs
 
 VOCAB = 64
-REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
 @pytest.fixture(scope='module')
 def target_dir(tmp_path_factory):
   config = tiny_config(vocab=VOCAB, emb=32, v11=False)
@@ -126,7 +122,7 @@ def test_the_script_fine_tunes_a_head_keeping_its_draft_vocabulary(target_dir, d
                                                                   tmp_path):
   """--draft_vocab_from keeps an exported head's ids (fine-tuning on other data, whose
   commonest ids differ); with --draft_vocab_size as well it is refused."""
-  script = _script()
+  script = load_script('train_feature_draft')
   ids = (2, 3, 5, 7, 11, 13, 40)
   source = feature_draft.FeatureDraftConfig(vocab_size=VOCAB, target_emb_dim=32, emb_dim=16,
                                             num_heads=2, head_dim=64, mlp_dim=32,
@@ -176,29 +172,54 @@ def test_a_head_reading_more_layers_starts_from_one_reading_the_final_features( 
                              str(tmp_path / 'fused'))
   flags = ['--target', target_dir, '--data', data_dir, '--steps', '2', '--batch_size', '4',
            '--emb_dim', '16', '--mlp_dim', '32', '--num_val_examples', '4', '--no_progress']
-  end = _script().main(flags + ['--workdir', str(tmp_path / 'w'), '--feature_layers', '0,1',
-                                '--export', str(tmp_path / 'out')])
+  script = load_script('train_feature_draft')
+  end = script.main(flags + ['--workdir', str(tmp_path / 'w'), '--feature_layers', '0,1',
+                             '--export', str(tmp_path / 'out')])
   assert end['done'] and model_dir.load_config(str(tmp_path / 'out')).feature_layers == (0, 1)
   with pytest.raises(SystemExit):
-    _script().main(flags + ['--workdir', str(tmp_path / 'x'), '--feature_layers', '0,a'])
+    script.main(flags + ['--workdir', str(tmp_path / 'x'), '--feature_layers', '0,a'])
   with pytest.raises(ValueError, match='2 decoder layers'):
-    _script().main(flags + ['--workdir', str(tmp_path / 'y'), '--feature_layers', '2'])
+    script.main(flags + ['--workdir', str(tmp_path / 'y'), '--feature_layers', '2'])
 
 
-def _script():
-  spec = importlib.util.spec_from_file_location(
-      'train_feature_draft', REPO / 'scripts' / 'train_feature_draft.py')
-  script = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(script)
-  return script
+def test_a_deeper_head_starts_from_a_shallower_one_with_identity_layers(target_dir,
+                                                                      tmp_path):
+  """start_from appends the new decoder layers with their residual-writing kernels zeroed:
+  the two-layer head computes what the exported one-layer head did, and every new kernel
+  is trainable (the zeroed ones get gradients, the others are the fresh init's)."""
+  feature_train.export(feature_draft.init_params(HEAD, jax.random.PRNGKey(5)), HEAD,
+                       str(tmp_path / 'one'), 1)
+  deep = dataclasses.replace(HEAD, num_layers=2)
+  fresh = feature_draft.init_params(deep, jax.random.PRNGKey(0))
+  start = feature_train.start_from(fresh, deep, str(tmp_path / 'one'))
+  _, one = model_dir.load(str(tmp_path / 'one'))
+  target_cfg, target_params = model_dir.load(target_dir)
+  enc = np.random.RandomState(0).randint(2, VOCAB, (3, 6)).astype(np.int32)
+  dec_in = feature_train.shift_right(np.random.RandomState(1).randint(2, VOCAB, (3, 5)))
+  _, _, before, encoded = feature_train.teacher_forced(Transformer(target_cfg), target_params,
+                                                       enc, dec_in)
+  run = lambda cfg, params: feature_draft.FeatureDraft(cfg).apply(
+      {'params': params}, encoded, enc, dec_in, before, passes=2)
+  for (logits, predicted), (got, got_predicted) in zip(run(HEAD, one), run(deep, start)):
+    np.testing.assert_allclose(got, logits, atol=1e-5)
+    np.testing.assert_allclose(got_predicted, predicted, atol=1e-5)
+  grads = jax.grad(lambda p: sum(jnp.sum(l ** 2) for l, _ in run(deep, p)))(start)
+  new = start['layers_1']
+  for block, name in (('self_attention', 'out'), ('encoder_decoder_attention', 'out'),
+                      ('mlp', 'wo')):
+    assert not np.any(new[block][name]['kernel'])
+    assert np.any(grads['layers_1'][block][name]['kernel'])
+  np.testing.assert_array_equal(new['mlp']['wi_0']['kernel'],
+                                fresh['layers_1']['mlp']['wi_0']['kernel'])
+  feature_train.export(start, deep, str(tmp_path / 'two'), 1)
+  with pytest.raises(ValueError, match='not a head of these sizes'):  # layers are not dropped
+    feature_train.start_from(feature_draft.init_params(HEAD, jax.random.PRNGKey(0)), HEAD,
+                             str(tmp_path / 'two'))
 
 
 def test_distill_data_takes_rows_per_task(target_dir, data_dir, tmp_path):  # noqa: F811
   """The distillation script's --max_rows: one count for every file, or one per task."""
-  spec = importlib.util.spec_from_file_location('distill_data',
-                                                REPO / 'scripts' / 'distill_data.py')
-  script = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(script)
+  script = load_script('distill_data')
   out = tmp_path / 'distilled'
   summaries = script.main(['--target', target_dir, '--data', data_dir, '--out', str(out),
                            '--splits', 'train', '--max_rows', 'ende=3', '--no_progress'])

@@ -1,25 +1,12 @@
 """scripts/loop_efficiency.py at tiny sizes, and research/loop_profile.py's attribution."""
-import importlib.util
 import json
-import pathlib
 
 import numpy as np
 import pytest
 
-from conftest import random_inputs
+from conftest import load_script, random_inputs
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.research import loop_profile, speed
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
-def _script():
-  spec = importlib.util.spec_from_file_location('loop_efficiency_script',
-                                                REPO / 'scripts' / 'loop_efficiency.py')
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
 
 _PROGRAM = '''
 %body (p: (s32[], f32[1,8])) -> (s32[], f32[1,8]) {
@@ -64,8 +51,9 @@ def test_tiny_run_writes_the_table_and_keeps_the_tokens(tmp_path):
   # 600 iterations per ladder run (the cheapest rung runs ~10 ms): a tiny model's 16 calls
   # (~0.2 ms) are within the jitter of a 2-core machine running two test workers, and
   # their cost read as 0. Sampled (t = 1), the path with the most loop work.
-  _script().main(['--tiny', '--out', str(out), '--gammas', '2', '--temperatures', '1',
-                  '--repeats', '1', '--matmuls', 'packed', '--ladder_calls', '600'])
+  load_script('loop_efficiency').main(['--tiny', '--out', str(out), '--gammas', '2',
+                                       '--temperatures', '1', '--repeats', '1',
+                                       '--matmuls', 'packed', '--ladder_calls', '600'])
   data = json.loads(out.with_suffix('.json').read_text())
   ladder = data['matmuls']['packed']['ladder_s']
   assert set(ladder) == {'ar', 'small_g2', 'self_g2'}
@@ -105,9 +93,10 @@ def test_tiny_run_writes_the_table_and_keeps_the_tokens(tmp_path):
 @pytest.mark.timing
 def test_tiny_batched_run_counts_loop_iterations(tmp_path):
   out = tmp_path / 'loop'
-  _script().main(['--tiny', '--out', str(out), '--gammas', '2', '--temperatures', '0',
-                  '--repeats', '1', '--matmuls', 'packed', '--ladder_calls', '600',
-                  '--batch', '2'])
+  load_script('loop_efficiency').main(['--tiny', '--out', str(out), '--gammas', '2',
+                                       '--temperatures', '0', '--repeats', '1',
+                                       '--matmuls', 'packed', '--ladder_calls', '600',
+                                       '--batch', '2'])
   data = json.loads(out.with_suffix('.json').read_text())
   ladder = data['matmuls']['packed']['ladder_s']
   assert min(v for rung in ladder.values() for v in rung.values()) > 0

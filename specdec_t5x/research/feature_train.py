@@ -137,15 +137,26 @@ def commonest_ids(data_dir: str, size: int, vocab_size: int) -> tuple[int, ...]:
 def start_from(params: Params, head_cfg: feature_draft.FeatureDraftConfig,
                init_dir: str) -> Params:
   """`params` with every weight taken from the exported head in `init_dir` (same sizes);
-  its output layer's columns are picked for `head_cfg`'s draft vocabulary, and when
-  `head_cfg` reads more target layers (feature_layers) the new layers' input rows and
-  predicted-feature columns start at zero (the head then computes what the old one did)."""
+  its output layer's columns are picked for `head_cfg`'s draft vocabulary. The head then
+  computes what the old one did when `head_cfg` grows it: reading more target layers
+  (feature_layers), the new input rows and predicted-feature columns start at zero; with
+  more decoder layers (num_layers), the new ones follow the old ones, from `params` with
+  the kernels that write into the residual stream zeroed (each starts as the identity)."""
   old_cfg, old = model_dir.load(init_dir)
-  same = lambda c: dataclasses.replace(c, draft_vocab=(), feature_layers=(), dtype=head_cfg.dtype)
+  same = lambda c: dataclasses.replace(c, draft_vocab=(), feature_layers=(), num_layers=1,
+                                       dtype=head_cfg.dtype)
   if not isinstance(old_cfg, feature_draft.FeatureDraftConfig) or same(old_cfg) != same(
-      head_cfg) or old_cfg.feature_layers and old_cfg.feature_layers != head_cfg.feature_layers:
+      head_cfg) or old_cfg.feature_layers and old_cfg.feature_layers != head_cfg.feature_layers \
+      or old_cfg.num_layers > head_cfg.num_layers:
     raise ValueError(f'{init_dir} holds {old_cfg}, not a head of these sizes ({head_cfg}).')
   old = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), old)
+  for i in range(old_cfg.num_layers, head_cfg.num_layers):
+    layer = jax.tree_util.tree_map(jnp.asarray, params[f'layers_{i}'])
+    for block, name in (('self_attention', 'out'), ('encoder_decoder_attention', 'out'),
+                        ('mlp', 'wo')):
+      layer[block] = dict(layer[block], **{name: {'kernel': jnp.zeros_like(
+          layer[block][name]['kernel'], jnp.float32)}})
+    old[f'layers_{i}'] = layer
   extra = head_cfg.feature_dim - old_cfg.feature_dim  # 0, or the new layers' width
   old['feature_in'] = {'kernel': jnp.pad(old['feature_in']['kernel'], ((0, extra), (0, 0)))}
   old['feature_out'] = {'kernel': jnp.pad(old['feature_out']['kernel'], ((0, 0), (0, extra)))}
