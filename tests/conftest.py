@@ -7,10 +7,8 @@ import importlib.util
 import json
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
-import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -28,23 +26,6 @@ def pytest_configure(config):
       'markers', 'timing: asserts on wall-clock timings, so it runs alone: the README\'s test '
       'command runs these after the others, not beside a second worker (two workers on two '
       'cores make a tiny model\'s millisecond timings noise)')
-  # One JAX compilation cache for the whole run, in a directory made for it: the test
-  # workers and every subprocess they start (runners, t5x.infer, the demo) inherit it, so a
-  # program compiled once (a reproduce step run twice, the demo family's loops under each
-  # runner) is not compiled again. Compilation only: every program still runs.
-  if _CACHE_ENV not in os.environ:  # the first process; xdist workers inherit it
-    os.environ[_CACHE_ENV] = tempfile.mkdtemp(prefix='specdec_test_jax_cache_')
-    config.specdec_jax_cache = os.environ[_CACHE_ENV]
-  jax.config.update('jax_compilation_cache_dir', os.environ[_CACHE_ENV])
-
-
-def pytest_unconfigure(config):
-  if getattr(config, 'specdec_jax_cache', None):  # made by this process
-    shutil.rmtree(config.specdec_jax_cache, ignore_errors=True)
-    os.environ.pop(_CACHE_ENV, None)
-
-
-_CACHE_ENV = 'JAX_COMPILATION_CACHE_DIR'
 
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
