@@ -149,14 +149,13 @@ def start_from(params: Params, head_cfg: feature_draft.FeatureDraftConfig,
       head_cfg) or old_cfg.feature_layers and old_cfg.feature_layers != head_cfg.feature_layers \
       or old_cfg.num_layers > head_cfg.num_layers:
     raise ValueError(f'{init_dir} holds {old_cfg}, not a head of these sizes ({head_cfg}).')
-  old = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), old)
+  float32 = lambda tree: jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), tree)
+  old = float32(old)
   for i in range(old_cfg.num_layers, head_cfg.num_layers):
-    layer = jax.tree_util.tree_map(jnp.asarray, params[f'layers_{i}'])
+    layer = old[f'layers_{i}'] = float32(params[f'layers_{i}'])  # a copy: fresh nested dicts
     for block, name in (('self_attention', 'out'), ('encoder_decoder_attention', 'out'),
                         ('mlp', 'wo')):
-      layer[block] = dict(layer[block], **{name: {'kernel': jnp.zeros_like(
-          layer[block][name]['kernel'], jnp.float32)}})
-    old[f'layers_{i}'] = layer
+      layer[block][name]['kernel'] = jnp.zeros_like(layer[block][name]['kernel'])
   extra = head_cfg.feature_dim - old_cfg.feature_dim  # 0, or the new layers' width
   old['feature_in'] = {'kernel': jnp.pad(old['feature_in']['kernel'], ((0, extra), (0, 0)))}
   old['feature_out'] = {'kernel': jnp.pad(old['feature_out']['kernel'], ((0, 0), (0, extra)))}
