@@ -7,10 +7,10 @@ import pathlib
 
 import pytest
 
+from conftest import load_script
 from specdec_t5x.algorithm import theory
 from specdec_t5x.research import t5x_reference
 
-from conftest import load_script
 
 @pytest.mark.slow  # every part of the device report, end to end
 def test_device_report_tiny_runs_every_part(tmp_path):

@@ -14,6 +14,7 @@ from specdec_t5x.algorithm import sampling, theory, timing
 from specdec_t5x.research import evaluation, speed
 from test_infer import _flags, env  # pylint: disable=unused-import  (tiny ckpts, mock WMT)
 
+
 @pytest.fixture(autouse=True)
 def _unlock_gin():
   yield

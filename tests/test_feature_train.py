@@ -21,6 +21,8 @@ from specdec_t5x.research import evaluation, feature_train
 pytestmark = pytest.mark.slow  # training runs
 
 VOCAB = 64
+
+
 @pytest.fixture(scope='module')
 def target_dir(tmp_path_factory):
   config = tiny_config(vocab=VOCAB, emb=32, v11=False)

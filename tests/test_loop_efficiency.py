@@ -8,6 +8,7 @@ from conftest import load_script, random_inputs
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.research import loop_profile, speed
 
+
 _PROGRAM = '''
 %body (p: (s32[], f32[1,8])) -> (s32[], f32[1,8]) {
   %p = (s32[], f32[1,8]{1,0}) parameter(0)
