@@ -90,6 +90,8 @@ STEPS = (
         '--drafts', 'demo_feature_head_4k,demo_feature_head_kd,demo_feature_head_fused,'
         'demo_draft_m'), timed=False,
          quick=('--num_examples', '2', '--tasks', 'ende')),
+    Step('speedup_ceiling', 'speedup_ceiling.py', (),
+         quick=('--num_examples', '3', '--gammas', '1', '--max_gamma', '2', '--repeats', '1')),
     Step('demo_speedup_runs', 'demo_runs.py', ('--runs', '3'), quick=('--runs', '1')),
     Step('demo_draft_m_runs', 'demo_runs.py', (
         '--runs', '3', '--gin_file', 'configs/demo_draft_m.gin')),
@@ -294,6 +296,20 @@ def _loop_efficiency(d):
           + '; '.join(parts))
 
 
+def _said(alpha):
+  return 'out of reach' if alpha is None else f'{alpha:.2f}'
+
+
+def _ceiling(d):
+  need = {k: v['1.3x']['end_to_end'] for k, v in d['alpha_needed'].items()}
+  head = 'demo_feature_head_kd'
+  now = max((r for r in d['loops'] if r['draft'] == head), key=lambda r: r['speedup_measured'])
+  return (f"1.3x end to end needs alpha {_said(need[f'{head} (real loop)'])} with the head's "
+          f"loop, {_said(need[f'{head} (calls alone)'])} with its calls alone, "
+          f"{_said(need['free draft'])} with a free draft; the head: i.i.d. alpha "
+          f"{now['alpha_iid']:.2f}, {_x(now['speedup_measured'])} at gamma {now['gamma']}")
+
+
 def _batch(d):
   return ', '.join(f"batch {r['batch']} gamma {r['gamma']}: {_x(r['speedup_vs_ar'])}"
                    for r in d['rows'] if r['gamma'] is not None)
@@ -302,6 +318,7 @@ def _batch(d):
 HEADLINES: Dict[str, Callable[[Dict[str, Any]], str]] = {
     'demo_speedup_runs': _demo_runs, 'demo_draft_m_runs': _demo_runs,
     'feature_draft': _feature_draft, 'agreement_by_confidence': _confidence,
+    'speedup_ceiling': _ceiling,
     'alpha_demo': _alpha, 'demo_models': _models,
     'speedup_demo': _speedup, 'speedup_table_ende12': _efficiency_e2e, 'decode_costs': _decode_costs, 'cpu_kernels': _cpu_kernels,
     'peers': _peers, 'block_verification': _block,
