@@ -92,7 +92,8 @@ def main(argv=None):
   ap.add_argument('--num_examples', type=int, default=32)
   ap.add_argument('--timed_examples', type=int, default=24)
   ap.add_argument('--gammas', type=harness.ints, default=[1, 2, 3, 4, 5, 6, 7])
-  ap.add_argument('--timed_gammas', type=harness.ints, default=[3, 4])
+  ap.add_argument('--timed_gammas', type=harness.ints, default=[1, 2],
+                  help='gammas of the timed part (1: configs/demo.gin\'s)')
   ap.add_argument('--temperatures', type=harness.floats, default=[0.0, 1.0])
   ap.add_argument('--max_len', type=int, default=64)
   ap.add_argument('--head', default=HEAD, help='the feature head (a checkpoints/demo model)')
