@@ -32,7 +32,7 @@ import numpy as np
 
 from specdec_t5x.algorithm import batching, theory, timing
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.research import ceiling, evaluation, harness, speed
+from specdec_t5x.research import ceiling, evaluation, harness, loop_ladder, speed
 
 HEAD, DRAFT, TARGET = 'demo_feature_head_kd', 'demo_draft_m', 'demo_target'
 SPEEDUPS = (1.0, 1.3, 1.5)
@@ -96,13 +96,14 @@ def main(argv=None):
   cache_len = args.max_len + max(args.gammas) + 1
   pre_t = prefill_per_sequence(target, rows, cache_len)
   pre = {name: prefill_per_sequence(d, rows, cache_len) for name, d in drafts.items()}
-  t_ar = (med['ar'] - n * pre_t) / ar.iterations
+  t_ar = loop_ladder.loop_seconds(med['ar'], n * pre_t, ar.iterations)
   loops, costs = [], {}
   for name in drafts:
     steps = {}
     for g in args.gammas:
       dec = decs[(name, g)]
-      steps[g] = (med[f'{name}_g{g}'] - n * (pre_t + pre[name])) / dec.iterations
+      steps[g] = loop_ladder.loop_seconds(med[f'{name}_g{g}'], n * (pre_t + pre[name]),
+                                          dec.iterations)
       tokens = float(dec.stats['generated_tokens'].sum() / dec.stats['target_calls'].sum())
       alpha = float(theory.alpha_from_tokens_per_call(tokens, g))
       loops.append({'draft': name, 'gamma': g, 'tokens_per_target_call': tokens,
