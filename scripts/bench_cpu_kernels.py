@@ -1,6 +1,6 @@
 """The packed CPU matmul (algorithm/cpu_kernels) against XLA's dot, on the demo family: its
 bfloat16 panels (the default for weights bfloat16 holds exactly, as the demo family's,
-restored from bfloat16 checkpoints) and float32 panels (SPECDEC_CPU_KERNELS=f32).
+restored from bfloat16 checkpoints) and float32 panels (DecodeConfig.cpu_kernels='packed_f32').
 
   flock /tmp/specdec_bench.lock python scripts/bench_cpu_kernels.py [--rows=40] \
       [--gamma=3] [--max_len=64] [--repeats=5]
@@ -12,8 +12,8 @@ float32 and bfloat16 panels:
    c = t_draft / t_target and r = t_verify / t_target, and the paper's ideal speedup
    (tokens per call) / (gamma c + r) at the measured tokens per call;
 2. AR and speculative decoding of the first `rows` demo EN->DE test sentences, each alone
-   (batch 1, greedy), all six runs interleaved in one process (SPECDEC_CPU_KERNELS
-   toggled between them; the median of --repeats). Every output is checked equal to
+   (batch 1, greedy), all six runs interleaved in one process (each decode's
+   DecodeConfig.cpu_kernels names its mode; the median of --repeats). Every output is checked equal to
    XLA's AR output.
 3. the same per-call costs for random-weight T5 v1.1 targets of --sizes (default small and
    base; float32 weights with bfloat16 values, as restored from a bfloat16 checkpoint),
@@ -24,38 +24,22 @@ Writes results/cpu_kernels.{json,md}.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import network, timing
+from specdec_t5x.algorithm import cpu_kernels, network, timing
 from specdec_t5x.research import demo_data, evaluation, harness, speed
 
-MODES = {'xla': '0', 'packed f32': 'f32', 'packed': '1'}  # 'packed': bfloat16 panels
+# The table's names of DecodeConfig.cpu_kernels's modes ('packed': bfloat16 panels).
+MODES = {'xla': 'xla', 'packed f32': 'packed_f32', 'packed': 'packed'}
 
 
-@contextlib.contextmanager
 def kernels(mode: str):
-  old = os.environ.get('SPECDEC_CPU_KERNELS')
-  os.environ['SPECDEC_CPU_KERNELS'] = MODES[mode]
-  try:
-    yield
-  finally:
-    if old is None:
-      os.environ.pop('SPECDEC_CPU_KERNELS')
-    else:
-      os.environ['SPECDEC_CPU_KERNELS'] = old
-
-
-def _in_mode(mode, fn):
-  def run():
-    with kernels(mode):
-      return fn()
-  return run
+  """The call costs' kernel mode (they take no DecodeConfig): the default inside the block."""
+  return cpu_kernels.default_mode_as(MODES[mode])
 
 
 def main(argv=None):
@@ -79,9 +63,10 @@ def main(argv=None):
 
   fns = {}
   for mode in MODES:
-    fns[f'AR {mode}'] = _in_mode(mode, demo_data.row_decoder(target, enc, args.max_len))
-    fns[f'speculative {mode}'] = _in_mode(mode, demo_data.row_decoder(
-        target, enc, args.max_len, draft=draft, gamma=args.gamma))
+    fns[f'AR {mode}'] = demo_data.row_decoder(target, enc, args.max_len,
+                                              cpu_kernels=MODES[mode])
+    fns[f'speculative {mode}'] = demo_data.row_decoder(
+        target, enc, args.max_len, draft=draft, gamma=args.gamma, cpu_kernels=MODES[mode])
   results = demo_data.row_results(harness.interleaved(fns, args.repeats), base='AR xla')
   for name, r in results.items():
     print(name, json.dumps(r), flush=True)

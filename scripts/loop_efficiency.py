@@ -26,7 +26,6 @@ Run on an idle machine: it times.
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import List
 
@@ -35,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from specdec_t5x.algorithm import batching, network, timing
+from specdec_t5x.algorithm import batching, cpu_kernels, network, timing
 from specdec_t5x.research import evaluation, harness, loop_efficiency
 
 
@@ -173,20 +172,13 @@ def main(argv=None) -> None:
                       f'vocab {cfg.vocab_size})')
   report['drafts'] = list(drafts)
   report['matmuls'] = {}
-  previous = os.environ.get('SPECDEC_CPU_KERNELS')
-  try:
-    for matmul in tqdm(args.matmuls.split(','), desc='loop efficiency', unit='matmul'):
-      os.environ['SPECDEC_CPU_KERNELS'] = '1' if matmul == 'packed' else '0'
-      jax.clear_caches()  # ~80 programs per matmul: freeing them keeps the JIT's mappings in bounds
+  for matmul in tqdm(args.matmuls.split(','), desc='loop efficiency', unit='matmul'):
+    jax.clear_caches()  # ~80 programs per matmul: freeing them keeps the JIT's mappings in bounds
+    with cpu_kernels.default_mode_as('packed' if matmul == 'packed' else 'xla'):
       report['matmuls'][matmul] = loop_efficiency.measure(
           target, drafts, enc, args.max_len, args.gammas, args.temperatures, args.repeats,
           cost_repeats=args.repeats, ladder_calls=args.ladder_calls,
           batch=args.batch)
-  finally:
-    if previous is None:
-      os.environ.pop('SPECDEC_CPU_KERNELS', None)
-    else:
-      os.environ['SPECDEC_CPU_KERNELS'] = previous
   print(report.write(render(report)))
 
 

@@ -65,21 +65,20 @@ def test_no_whole_buffer_copies_in_the_decode_loops_on_8_devices():
     assert found['whole_buffer'] == [], (key, found)
 
 
-def test_tied_logits_with_xla_dot_copy_no_embedding_per_step_on_cpu(monkeypatch):
+def test_tied_logits_with_xla_dot_copy_no_embedding_per_step_on_cpu():
   """XLA:CPU transposes and copies a tied embedding on every one-row logits call; the
   decode variables carry it transposed once (layers.TRANSPOSED), with the same tokens."""
-  monkeypatch.setenv('SPECDEC_CPU_KERNELS', '0')
   cfg = network.T5Config(vocab_size=512, emb_dim=32, num_heads=4, num_encoder_layers=1,
                          num_decoder_layers=1, head_dim=8, mlp_dim=64, dropout_rate=0.0,
                          logits_via_embedding=True)
   module = network.Transformer(cfg)
   x = jnp.asarray(np.random.RandomState(0).randint(2, 512, size=(1, 6)), jnp.int32)
   params = module.init(jax.random.PRNGKey(0), x, x)['params']
-  decode = api.decode_variables(module, params)
+  decode = api.decode_variables(module, params, 'xla')
   assert decode[layers.TRANSPOSED]['token_embedder']['embedding'].shape == (32, 512)
-  assert api.decode_variables(module, params)[layers.TRANSPOSED] is decode[layers.TRANSPOSED]
+  assert api.decode_variables(module, params, 'xla')[layers.TRANSPOSED] is decode[layers.TRANSPOSED]
   for draft in (None, module):
-    fn = api._compiled(module, draft, max_len=16, config=DecodeConfig(gamma=3))  # pylint: disable=protected-access
+    fn = api._compiled(module, draft, max_len=16, config=DecodeConfig(gamma=3, cpu_kernels='xla'))  # pylint: disable=protected-access
     found = {}
     for label, variables in (('plain', {'params': params}), ('decode', decode)):
       args = (variables, draft and variables, x, jax.random.PRNGKey(0), jnp.int32(1))

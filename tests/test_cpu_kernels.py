@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from specdec_t5x.algorithm import api, cpu_kernels, network
+from specdec_t5x.algorithm.config import DecodeConfig
 
 # Only a CPU without AVX2/FMA skips; on x86-64 (CI) a failed build fails these tests.
 pytestmark = pytest.mark.skipif(
@@ -155,7 +156,7 @@ def test_decode_kernels_cover_every_dense_layer_and_agree_with_xla(tied, dtype):
     assert jaxpr.count(cpu_kernels._TARGET_ATTENTION) == 2 * 2  # pylint: disable=protected-access
 
 
-def test_generate_uses_the_kernels_once_per_params_and_matches_xla(monkeypatch):
+def test_generate_uses_the_kernels_once_per_params_and_matches_xla():
   module, params, enc = _tiny(True)
   variables = api.decode_variables(module, params)
   assert cpu_kernels.COLLECTION in variables
@@ -164,17 +165,21 @@ def test_generate_uses_the_kernels_once_per_params_and_matches_xla(monkeypatch):
   fast = api.generate((module, params), enc, draft=(module, params), gamma=3,
                       max_decode_length=10)
   ar_fast = api.generate((module, params), enc, max_decode_length=10)
-  monkeypatch.setenv('SPECDEC_CPU_KERNELS', '0')
-  assert not cpu_kernels.enabled()
-  assert cpu_kernels.COLLECTION not in api.decode_variables(module, params)
-  plain = api.generate((module, params), enc, max_decode_length=10)
+  assert not cpu_kernels.enabled('xla')
+  assert cpu_kernels.COLLECTION not in api.decode_variables(module, params, 'xla')
+  plain = api.generate((module, params), enc, max_decode_length=10, cpu_kernels='xla')
+  for mode, kernel_calls in (('xla', False), ('packed', True)):  # traced in the config's mode
+    program = api.decode_program(module, None, max_len=10, config=DecodeConfig(cpu_kernels=mode))
+    jaxpr = str(jax.make_jaxpr(program)(api.decode_variables(module, params, mode), None, enc,
+                                        jax.random.PRNGKey(0), 1))
+    assert ('specdec_' in jaxpr) == kernel_calls, mode  # every kernel's FFI target
   np.testing.assert_array_equal(fast.tokens, ar_fast.tokens)  # greedy: exact either way
   np.testing.assert_array_equal(ar_fast.tokens, plain.tokens)
 
 
-def test_params_restored_from_bfloat16_decode_with_bf16_panels_and_the_same_tokens(monkeypatch):
+def test_params_restored_from_bfloat16_decode_with_bf16_panels_and_the_same_tokens():
   """Params that bfloat16 holds exactly get bfloat16 panels (half the bytes per call) and
-  decode to the very tokens of float32 panels; other params, or SPECDEC_CPU_KERNELS=f32,
+  decode to the very tokens of float32 panels; other params, or kernel mode 'packed_f32',
   get float32 panels."""
   module, params, enc = _tiny(True)
   assert not bool(network.kernels_hold_in_bf16(params))  # a float32 init
@@ -185,9 +190,9 @@ def test_params_restored_from_bfloat16_decode_with_bf16_panels_and_the_same_toke
   assert dtypes(api.decode_variables(module, restored)) == {'bfloat16'}
   run = lambda **kw: api.generate((module, restored), enc, max_decode_length=10, **kw).tokens
   half = [run(), run(draft=(module, restored), gamma=3)]
-  monkeypatch.setenv('SPECDEC_CPU_KERNELS', 'f32')
-  assert dtypes(api.decode_variables(module, restored)) == {'float32'}
-  full = [run(), run(draft=(module, restored), gamma=3)]
+  assert dtypes(api.decode_variables(module, restored, 'packed_f32')) == {'float32'}
+  full = [run(cpu_kernels='packed_f32'), run(draft=(module, restored), gamma=3,
+                                            cpu_kernels='packed_f32')]
   for a, b in zip(half, full):
     np.testing.assert_array_equal(a, b)
   np.testing.assert_array_equal(half[0], half[1])  # greedy speculative == AR, as always

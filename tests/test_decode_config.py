@@ -3,14 +3,17 @@ and their use by generate, the T5X-facing model and gin."""
 
 import collections
 import dataclasses
+import os
+import subprocess
+import sys
 
 import gin
 import numpy as np
 import pytest
 
-from conftest import random_inputs
+from conftest import random_inputs, run_child
 from specdec_t5x import generate
-from specdec_t5x.algorithm import api, decoding, stats
+from specdec_t5x.algorithm import api, cpu_kernels, decoding, stats
 from specdec_t5x.algorithm.config import DecodeConfig, GammaPolicy
 from specdec_t5x.integration import infer, models
 
@@ -39,6 +42,7 @@ def _clean_gin():
     (dict(gamma_policy='sometimes'), 'gamma_policy must be one of'),
     (dict(gamma_policy=3), 'gamma_policy must be a str or GammaPolicy'),
     (dict(gamma_policy='confidence', verifier='block'), 'verified token-wise only'),
+    (dict(cpu_kernels='fast'), 'cpu_kernels must be one of'),
 ])
 def test_bad_settings_raise_when_built(kw, pattern):
   with pytest.raises(ValueError, match=pattern):
@@ -61,9 +65,9 @@ def test_fields_are_normalised_and_hashable():
 
 
 def test_describe_adds_new_settings_only_when_used():
-  assert DecodeConfig(gamma=3).describe() == {
+  assert DecodeConfig(gamma=3, cpu_kernels='xla').describe() == {
       'gamma': 3, 'temperature': 0.0, 'topk': 0, 'topp': 0.0, 'lenience': 1.0,
-      'lossy': False, 'verifier': 'token'}
+      'lossy': False, 'verifier': 'token', 'cpu_kernels': 'xla'}
   d = DecodeConfig(gamma='auto', gamma_alpha=0.4,
                    gamma_policy=GammaPolicy('confidence', threshold=0.3)).describe()
   assert d['gamma_alpha'] == 0.4 and d['gamma_policy']['kind'] == 'confidence'
@@ -154,6 +158,43 @@ def test_every_field_is_bindable_from_gin():
   assert model.decode_config.gamma_policy == GammaPolicy('confidence', threshold=0.3)
   assert model.decode_config.gamma_alpha == 0.25 and model.decode_config.gamma == 'auto'
   assert model.describe()['gamma_policy']['threshold'] == 0.3
+  model = _model("config.DecodeConfig.cpu_kernels = 'packed_f32'")
+  assert model.decode_config.cpu_kernels == 'packed_f32'
+  assert model.describe()['cpu_kernels'] == 'packed_f32'  # a run's identity (metrics.json)
+
+
+_DEFAULT_MODE = '''
+import json, os
+from specdec_t5x.algorithm.config import DecodeConfig
+first = DecodeConfig().cpu_kernels
+os.environ['SPECDEC_CPU_KERNELS'] = '1'  # read once: a later change is not seen
+named = DecodeConfig(cpu_kernels='packed').cpu_kernels
+print('RESULT', json.dumps([first, DecodeConfig().cpu_kernels, named]))
+'''
+
+
+@pytest.mark.parametrize('env,mode', [('1', 'packed'), ('f32', 'packed_f32'), ('0', 'xla')])
+def test_the_kernel_mode_defaults_from_the_environment_read_once(env, mode):
+  assert run_child(_DEFAULT_MODE, SPECDEC_CPU_KERNELS=env) == [mode, mode, 'packed']
+
+
+def test_a_bad_kernel_mode_in_the_environment_is_named():
+  proc = subprocess.run([sys.executable, '-c', _DEFAULT_MODE], capture_output=True, text=True,
+                        env=dict(os.environ, SPECDEC_CPU_KERNELS='fast'), timeout=300)
+  assert proc.returncode != 0 and 'SPECDEC_CPU_KERNELS must be one of' in proc.stderr
+
+
+def test_the_kernel_mode_keys_the_compiled_program(target_and_draft, monkeypatch):
+  """Each kernel mode decodes with its own program (the memo's key holds the config), traced
+  in that mode, and greedy tokens are the same in every mode."""
+  monkeypatch.setattr(api, '_COMPILED', collections.OrderedDict())
+  target, draft = target_and_draft
+  enc = random_inputs(2, 7, 40, seed=3)
+  outs = {mode: generate(target, enc, draft=draft, gamma=2, max_decode_length=6, cpu_kernels=mode)
+          for mode in cpu_kernels.MODES}
+  assert [key[-1].cpu_kernels for key in api._COMPILED] == list(cpu_kernels.MODES)  # pylint: disable=protected-access
+  for mode in cpu_kernels.MODES:
+    np.testing.assert_array_equal(outs[mode].tokens, outs['packed'].tokens)
 
 
 def test_compiled_programs_are_kept_least_recently_used(target_and_draft, monkeypatch):

@@ -98,8 +98,8 @@ def _extend_program(model, variables, cache, num_tokens):
 
 @pytest.mark.skipif(jax.default_backend() != 'cpu', reason='the XLA:CPU form of attention')
 @pytest.mark.parametrize('packed', [False, True])
-@pytest.mark.parametrize('kernels', ['1', '0'])
-def test_each_query_of_a_cached_call_attends_as_a_one_token_call(packed, kernels, monkeypatch):
+@pytest.mark.parametrize('mode', ['packed', 'xla'])
+def test_each_query_of_a_cached_call_attends_as_a_one_token_call(packed, mode):
   """On XLA:CPU a k-token call (a verify window, a draft's catch-up) attends one query at a
   time: with the row kernels, one cpu_kernels.cached_attention call per attention block
   (whatever k); without them, k times the attention products of a one-token call (a
@@ -109,9 +109,13 @@ def test_each_query_of_a_cached_call_attends_as_a_one_token_call(packed, kernels
   model = make_model(tiny_config(), seed=7)
   variables = api.decode_variables(*model) if packed else {'params': model[1]}
   assert (cpu_kernels.COLLECTION in variables) == (packed and cpu_kernels.enabled())
-  monkeypatch.setenv('SPECDEC_CPU_KERNELS', kernels)
-  attention_kernel = cpu_kernels.enabled()
-  assert attention_kernel == (kernels == '1' and cpu_kernels._cpu_has_avx2_fma())  # pylint: disable=protected-access
+  with cpu_kernels.decode_mode(mode):  # programs traced here take this kernel mode
+    _check_cached_calls(model, variables, mode)
+
+
+def _check_cached_calls(model, variables, mode):
+  attention_kernel = cpu_kernels.enabled(mode)
+  assert attention_kernel == (mode == 'packed' and cpu_kernels._cpu_has_avx2_fma())  # pylint: disable=protected-access
   enc = jnp.asarray(random_inputs(2, 9, 40, seed=8))
   dec = jnp.asarray(np.random.RandomState(9).randint(2, 40, size=(2, 7)), jnp.int32)
   module = model[0]

@@ -58,14 +58,15 @@ _PACKED: 'collections.OrderedDict[Any, Tuple[list, dict]]' = collections.Ordered
 _PACKED_KEEP = 4  # params trees whose decode collections (decode_variables) stay cached
 
 
-def decode_variables(module, params) -> dict:
+def decode_variables(module, params, mode: Optional[str] = None) -> dict:
   """The variables the decode path applies `module` with: {'params': params}, plus, for a
   network.Transformer on the CPU backend, one more collection made once per params tree and
   cached while it lives: its packed decode kernels (network.decode_kernels) where the
-  packed matmul is usable (cpu_kernels.enabled()), else, for tied logits, the token
-  embedding transposed (network.transposed_embedding) for XLA's dot. The panels are
-  bfloat16 where bfloat16 holds every weight exactly (network.kernels_hold_in_bf16: a
-  model restored from a bfloat16 checkpoint; cpu_kernels.bf16_panels()), else float32.
+  packed matmul is usable in kernel `mode` (DecodeConfig.cpu_kernels; None: the default
+  mode; cpu_kernels.enabled), else, for tied logits, the token embedding transposed
+  (network.transposed_embedding) for XLA's dot. The panels are bfloat16 where bfloat16
+  holds every weight exactly (network.kernels_hold_in_bf16: a model restored from a
+  bfloat16 checkpoint) in mode 'packed', else float32.
 
   Only concrete values are cached. Called inside an outer trace (generate under jit/pjit,
   as T5X's infer calls the model), the collection is staged into that trace even for
@@ -77,7 +78,7 @@ def decode_variables(module, params) -> dict:
   dot (which GSPMD partitions) is used on the params as they are, with one log line.
   """
   variables = {'params': params}
-  kind = _decode_collection(module)
+  kind = _decode_collection(module, mode)
   if kind is None:
     return variables
   leaves = jax.tree_util.tree_leaves(params)
@@ -86,7 +87,7 @@ def decode_variables(module, params) -> dict:
     if kind == cpu_kernels.COLLECTION:
       _log_sharded(spread)
     return variables
-  bf16 = kind == cpu_kernels.COLLECTION and cpu_kernels.bf16_panels()
+  bf16 = kind == cpu_kernels.COLLECTION and cpu_kernels.bf16_panels(mode)
   key = (kind, bf16) + tuple(id(x) for x in leaves)  # the collection depends on the params
   hit = _PACKED.get(key)
   if hit is None or any(ref() is not x for ref, x in zip(hit[0], leaves)):
@@ -115,12 +116,13 @@ _MAKE_BF16 = jax.jit(functools.partial(network.decode_kernels, bf16=True))
 _HOLDS_IN_BF16 = jax.jit(network.kernels_hold_in_bf16)
 
 
-def _decode_collection(module) -> Optional[str]:
-  """Which decode-only collection `module` gets on this backend (decode_variables)."""
+def _decode_collection(module, mode: Optional[str]) -> Optional[str]:
+  """Which decode-only collection `module` gets on this backend in kernel `mode`
+  (decode_variables)."""
   if (not isinstance(module, (network.Transformer, feature_draft.FeatureDraft))
       or jax.default_backend() != 'cpu'):
     return None
-  if cpu_kernels.enabled():
+  if cpu_kernels.enabled(mode):
     return cpu_kernels.COLLECTION
   tied = isinstance(module, network.Transformer) and module.config.logits_via_embedding
   return layers.TRANSPOSED if tied else None
@@ -178,6 +180,10 @@ def decode_program(target_module, draft_module, *, max_len: int, config: DecodeC
   wrap = wrap or (lambda name, fn: fn)
 
   def run(target_vars, draft_vars, encoder_tokens, rng, eos_id, prompt=None):
+    with cpu_kernels.decode_mode(config.cpu_kernels):  # traced in the config's kernel mode
+      return _run(target_vars, draft_vars, encoder_tokens, rng, eos_id, prompt)
+
+  def _run(target_vars, draft_vars, encoder_tokens, rng, eos_id, prompt):
     batch = encoder_tokens.shape[0]
     # Positions written: up to max_len + gamma (finished rows keep computing in place). Every
     # write must fit: rows.update_all skips a call's writes for all rows when one row's
@@ -228,7 +234,8 @@ def memoized_program(memo: 'collections.OrderedDict[Any, Any]', key: Any,
 
 def _compiled(target_module, draft_module, *, max_len: int, config: DecodeConfig):
   if draft_module is None:  # only the sampling settings matter: one program for all others
-    config = DecodeConfig.from_sampling(config.sampling, gamma=1)
+    config = DecodeConfig.from_sampling(config.sampling, gamma=1,
+                                        cpu_kernels=config.cpu_kernels)
   key = (_module_key(target_module), draft_module and _module_key(draft_module),
          max_len, config)
   return memoized_program(_COMPILED, key, lambda: jax.jit(decode_program(
@@ -365,10 +372,12 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
     check_feature_draft(target_module, draft_module)
   rng = jax.random.PRNGKey(0) if rng is None else rng
   fn = _compiled(target_module, draft_module, max_len=int(max_decode_length), config=config)
-  draft_vars = None if draft_module is None else decode_variables(draft_module, draft_params)
+  mode = config.cpu_kernels
+  draft_vars = None if draft_module is None else decode_variables(draft_module, draft_params,
+                                                                  mode)
   prompt = None if decoder_prompt is None else _check_prompt(decoder_prompt, tokens.shape[0],
                                                              int(max_decode_length))
-  out_tokens, stats = fn(decode_variables(target_module, target_params), draft_vars, tokens, rng,
-                         jnp.int32(eos_id), prompt)
+  out_tokens, stats = fn(decode_variables(target_module, target_params, mode), draft_vars,
+                         tokens, rng, jnp.int32(eos_id), prompt)
   _check_finite(stats)
   return GenerateOutput(out_tokens, stats)

@@ -1,4 +1,5 @@
-"""One typed decode configuration: sampling, gamma, gamma policy, verifier and lenience.
+"""One typed decode configuration: sampling, gamma, gamma policy, verifier, lenience and
+the CPU kernel mode.
 
 `DecodeConfig` is validated once, when it is built; `generate`, the decoding loops, the
 T5X model and gin (configs/runs/infer.gin binds its fields) all take it as it is.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Optional, Union
 
+from specdec_t5x.algorithm import cpu_kernels
 from specdec_t5x.algorithm import sampling as sampling_lib
 
 GAMMA_POLICIES = ('fixed', 'confidence', 'running_alpha')
@@ -93,6 +95,12 @@ class DecodeConfig:
       with default settings; stored as a GammaPolicy.
     verifier: 'token' (Algorithm 1) or 'block' (block verification, Sun et al. 2025).
     lenience: l in (0, 1]; l < 1 is the paper's LOSSY relaxation (token verifier only).
+    cpu_kernels: on the CPU backend, which kernels the decode path runs
+      (cpu_kernels.MODES): 'packed' (the packed matmul and row kernels, bfloat16 panels
+      where bfloat16 holds the weights exactly), 'packed_f32' (float32 panels only) or
+      'xla' (XLA's ops only); None (the default) takes $SPECDEC_CPU_KERNELS's mode
+      (cpu_kernels.default_mode, read once). Stored resolved: it is part of the compiled
+      program's key and of a run's identity. Other backends ignore it.
   """
   temperature: float = 0.0
   topk: int = 0
@@ -102,6 +110,7 @@ class DecodeConfig:
   gamma_policy: Union[str, GammaPolicy] = 'fixed'
   verifier: str = 'token'
   lenience: float = 1.0
+  cpu_kernels: Optional[str] = None
 
   def __post_init__(self):
     set_ = lambda name, value: object.__setattr__(self, name, value)
@@ -143,6 +152,7 @@ class DecodeConfig:
     if policy.kind == 'confidence' and self.verifier == 'block':
       raise ValueError("gamma_policy='confidence' is verified token-wise only: block "
                        'verification assumes draft lengths fixed before drafting.')
+    set_('cpu_kernels', cpu_kernels.check_mode(self.cpu_kernels or cpu_kernels.default_mode()))
 
   def check_models(self, *, vocab_size: Optional[int], max_decode_length: int,
                    speculative: bool = True) -> None:
@@ -184,5 +194,6 @@ class DecodeConfig:
     if self.gamma_policy.kind != 'fixed':
       out['gamma_policy'] = dataclasses.asdict(self.gamma_policy)
     out.update(temperature=self.temperature, topk=self.topk, topp=self.topp,
-               lenience=self.lenience, lossy=self.lossy, verifier=self.verifier)
+               lenience=self.lenience, lossy=self.lossy, verifier=self.verifier,
+               cpu_kernels=self.cpu_kernels)
     return out

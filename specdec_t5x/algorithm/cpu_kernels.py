@@ -33,10 +33,11 @@ Used by network.Dense / Embed.attend when the decode variables carry the COLLECT
 (network.decode_kernels, api.generate): float32 models on the CPU backend. Built on first
 use with the system C++ compiler (g++ or $CXX) into a per-user cache directory
 ($SPECDEC_KERNEL_CACHE, else $XDG_CACHE_HOME/specdec_t5x, else ~/.cache/specdec_t5x),
-written atomically under a file lock (SPECDEC_CPU_KERNELS=f32 keeps float32 panels for every
-weight, for comparisons). When it can't be used -- SPECDEC_CPU_KERNELS=0, not
-x86-64 with AVX2 and FMA, no compiler, another backend -- `enabled()` is False, the reason
-is logged once, and decoding uses XLA's dot as before.
+written atomically under a file lock. Whether a decode uses them is its configuration's
+kernel mode (DecodeConfig.cpu_kernels, `MODES`: 'packed', 'packed_f32' keeps float32 panels
+for every weight, for comparisons, 'xla' uses none; $SPECDEC_CPU_KERNELS only sets the
+default). When they can't be used -- not x86-64 with AVX2 and FMA, no compiler, another
+backend -- `enabled()` is False, the reason is logged once, and decoding uses XLA's dot.
 """
 
 from __future__ import annotations
@@ -169,16 +170,78 @@ def cpu_forms() -> bool:
 
 def row_kernel() -> bool:
   """Whether a function traced now reduces logits rows with `row_argmax`: the CPU forms,
-  with the kernels enabled."""
-  return cpu_forms() and enabled()
+  with the kernels enabled in the mode of the decode being traced (`decode_mode`)."""
+  return cpu_forms() and enabled(_TRACED_MODE[0])
 
 
-def enabled() -> bool:
-  """True when decoding on the CPU backend can use the packed kernel."""
+# What the kernels may do on the CPU backend (DecodeConfig.cpu_kernels):
+#   'packed': the packed matmul and row kernels; bfloat16 panels for weights bfloat16 holds
+#     exactly (the same products, half the bytes);
+#   'packed_f32': the same with float32 panels for every weight (for comparisons);
+#   'xla': none of them: XLA's ops.
+MODES = ('packed', 'packed_f32', 'xla')
+ENV = 'SPECDEC_CPU_KERNELS'  # the default mode: 1 (or unset) packed, f32 packed_f32, 0 xla
+_ENV_MODES = {'1': 'packed', 'f32': 'packed_f32', '0': 'xla'}
+
+
+def default_mode() -> str:
+  """The mode a DecodeConfig gets when it names none: `default_mode_as`'s inside that
+  block, else $SPECDEC_CPU_KERNELS's, read once per process (a decode's mode is its
+  configuration's; this only fills it in)."""
+  return _DEFAULT[0] or _env_mode()
+
+
+@functools.lru_cache(maxsize=None)
+def _env_mode() -> str:
+  value = os.environ.get(ENV, '1')
+  if value not in _ENV_MODES:
+    raise ValueError(f'{ENV} must be one of {sorted(_ENV_MODES)} (1: packed, f32: '
+                     f'packed_f32, 0: xla), got {value!r}.')
+  return _ENV_MODES[value]
+
+
+def check_mode(mode: str) -> str:
+  """`mode` if it is one of MODES, else a ValueError naming them."""
+  if mode not in MODES:
+    raise ValueError(f'cpu_kernels must be one of {MODES}, got {mode!r}.')
+  return mode
+
+
+_TRACED_MODE = [None]  # set by decode_mode() while a decode program is traced
+_DEFAULT = [None]  # set by default_mode_as()
+
+
+@contextlib.contextmanager
+def default_mode_as(mode: str):
+  """Makes `mode` the default inside the block, for measurements of code that takes no
+  DecodeConfig (call costs, loop ladders: their programs are traced in the default mode,
+  and their variables differ per mode, so each mode gets its own program)."""
+  before = _DEFAULT[0]
+  _DEFAULT[0] = check_mode(mode)
+  try:
+    yield
+  finally:
+    _DEFAULT[0] = before
+
+
+@contextlib.contextmanager
+def decode_mode(mode: str):
+  """Traces the decode path in kernel mode `mode` (api.decode_program): what `row_kernel`
+  answers while a program is traced inside the block (None: default_mode())."""
+  before = _TRACED_MODE[0]
+  _TRACED_MODE[0] = None if mode is None else check_mode(mode)
+  try:
+    yield
+  finally:
+    _TRACED_MODE[0] = before
+
+
+def enabled(mode: str = None) -> bool:
+  """True when decoding on the CPU backend in kernel mode `mode` (None: default_mode()) can
+  use the packed kernel and the row kernels: any mode but 'xla', where they build."""
   if jax.default_backend() != 'cpu':
     return False
-  if os.environ.get('SPECDEC_CPU_KERNELS', '1') == '0':  # read per call: benchmarks toggle it
-    _log_once('SPECDEC_CPU_KERNELS=0')
+  if check_mode(mode or default_mode()) == 'xla':
     return False
   ok, why = _status()
   if not ok:
@@ -186,10 +249,10 @@ def enabled() -> bool:
   return ok
 
 
-def bf16_panels() -> bool:
+def bf16_panels(mode: str = None) -> bool:
   """Whether weights that bfloat16 holds exactly are packed as bfloat16 panels (the same
-  products, half the bytes): yes unless SPECDEC_CPU_KERNELS=f32 (benchmarks compare)."""
-  return os.environ.get('SPECDEC_CPU_KERNELS', '1') != 'f32'
+  products, half the bytes): in mode 'packed' (None: default_mode()), not 'packed_f32'."""
+  return check_mode(mode or default_mode()) == 'packed'
 
 
 @functools.lru_cache(maxsize=None)
