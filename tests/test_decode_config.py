@@ -98,12 +98,19 @@ def test_stats_are_typed_and_read_as_a_mapping(target_and_draft):
   assert np.asarray(out.stats['target_calls']).shape == (3,)
   assert np.asarray(out.stats['accepted_length_histogram']).shape == (4,)
   assert out.stats['generated_tokens'] is out.stats.generated_tokens
-  assert set(dict(out.stats)) == set(out.stats.keys()) and len(out.stats) == 8
+  assert set(dict(out.stats)) == set(out.stats.keys()) and len(out.stats) == 10
   with pytest.raises(KeyError):
     out.stats['histogram']  # pylint: disable=pointless-statement
   # The histogram counts one entry per step of each decoding row: its sum is the calls.
   assert int(np.sum(out.stats['accepted_length_histogram'])) == int(
       np.sum(out.stats['target_calls']))
+  # The step outcomes split the steps that verified a draft by the rule's branch: a step
+  # rejecting its first draft accepted none, one accepting every draft is a full block.
+  outcomes, accepted = (np.asarray(out.stats[k]) for k in ('step_outcomes',
+                                                            'accepted_length_histogram'))
+  drafted = np.asarray(out.stats['draft_length_histogram'])
+  assert outcomes.sum() == drafted[1:].sum() and outcomes[0] == accepted[0] - drafted[0]
+  assert outcomes[2] >= accepted[3] and not np.any(out.stats['skipped_cache_writes'])
 
 
 def test_summarize_one_function_for_outputs_and_totals(target_and_draft):

@@ -39,20 +39,22 @@ def test_update_along_another_axis_casts_to_the_buffer_dtype():
 
 def test_update_all_writes_every_buffer_or_none():
   """update_all == update of each buffer along its axis while every row's window fits; a
-  window past the end (or a negative start) leaves all buffers as they were."""
+  window past the end (or a negative start) leaves all buffers as they were, and says so."""
   k = jnp.arange(2 * 3 * 6, dtype=jnp.float32).reshape(2, 3, 6)  # [b, d, slots]
   v = -jnp.arange(2 * 6 * 3, dtype=jnp.float32).reshape(2, 6, 3)  # [b, slots, d]
   k_new, v_new = jnp.ones((2, 3, 2)), jnp.ones((2, 2, 3))
   for start in ([0, 4], [4], [1]):
     start = jnp.asarray(start, jnp.int32)
     b = start.shape[0]
-    got = jax.jit(rows.update_all, static_argnames='axes')(
+    got, fits = jax.jit(rows.update_all, static_argnames='axes')(
         (k[:b], v[:b]), (k_new[:b], v_new[:b]), start, axes=(2, 1))
+    assert bool(fits)
     np.testing.assert_array_equal(got[0], rows.update(k[:b], k_new[:b], start, axis=2))
     np.testing.assert_array_equal(got[1], rows.update(v[:b], v_new[:b], start, axis=1))
   for start in ([0, 5], [5], [-1]):  # one window past the end / before the start
     start = jnp.asarray(start, jnp.int32)
     b = start.shape[0]
-    got = rows.update_all((k[:b], v[:b]), (k_new[:b], v_new[:b]), start, axes=(2, 1))
+    got, fits = rows.update_all((k[:b], v[:b]), (k_new[:b], v_new[:b]), start, axes=(2, 1))
+    assert not bool(fits)
     np.testing.assert_array_equal(got[0], k[:b])
     np.testing.assert_array_equal(got[1], v[:b])

@@ -185,10 +185,10 @@ def decode_program(target_module, draft_module, *, max_len: int, config: DecodeC
 
   def _run(target_vars, draft_vars, encoder_tokens, rng, eos_id, prompt):
     batch = encoder_tokens.shape[0]
-    # Positions written: up to max_len + gamma (finished rows keep computing in place). Every
-    # write must fit: rows.update_all skips a call's writes for all rows when one row's
-    # window does not (drafting.feature_drafter keeps a finished row's re-feed inside).
-    cache_len = max_len + (config.gamma if draft_module is not None else 0) + 1
+    # Every write fits (rows.update_all drops a call's writes for all rows when one row's
+    # window does not, and the stats say so; drafting.feature_drafter keeps a finished
+    # row's re-feed inside).
+    cache_len = decoding.cache_length(max_len, config.gamma if draft_module is not None else 0)
     encoded = target_module.apply(target_vars, encoder_tokens, method='encode')
     target_cache = target_module.apply(target_vars, encoded, encoder_tokens, cache_len,
                                        method='init_cache')
@@ -285,6 +285,17 @@ def _check_prompt(prompt, batch: int, max_len: int) -> jax.Array:
   return jnp.asarray(prompt, jnp.int32)
 
 
+def _check_cache_writes(stats: DecodeStats) -> None:
+  """Raises if a model call's cache writes were dropped (a cache sized too small for the
+  decode: a bug, never a setting; every row's later tokens would be suspect)."""
+  flags = stats['skipped_cache_writes']
+  if not _is_traced(flags) and bool(np.any(np.asarray(flags))):
+    raise RuntimeError('A decode call\'s cache writes did not fit the decode cache and were '
+                       'dropped, so its tokens are not the models\' (the caches hold '
+                       'decoding.cache_length positions). This is a bug of specdec_t5x; '
+                       'please report it with the settings and models used.')
+
+
 def _check_finite(stats: DecodeStats) -> None:
   """Raises if a decoding row met NaN/inf logits (its tokens would be garbage/padding)."""
   for who, key, hint in (
@@ -336,8 +347,8 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
     GenerateOutput with `.tokens` [batch, max_decode_length] and `.stats`, a DecodeStats
     (a Mapping): per-row target_calls, drafted_tokens, accepted_tokens, generated_tokens,
     and accepted_length_histogram [gamma + 1], draft_length_histogram [gamma + 1];
-    nonfinite_target_logits / nonfinite_draft_logits [batch] bool, all False when
-    returned: see Raises.
+    step_outcomes [3]; nonfinite_target_logits / nonfinite_draft_logits /
+    skipped_cache_writes [batch] bool, all False when returned: see Raises.
 
   Raises:
     ValueError: a bad setting (checked before tracing: topk > vocab_size, gamma >
@@ -346,6 +357,7 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
       an outer jit cannot be checked: out-of-range ids there give undefined tokens.
     FloatingPointError: the target or draft produced NaN/inf logits for a decoding row
       (e.g. NaN params). Checked after the call, so only when outputs are concrete.
+    RuntimeError: a call's cache writes did not fit (a bug; checked likewise).
   """
   if config is None:
     config = DecodeConfig(**settings)
@@ -379,5 +391,6 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
                                                              int(max_decode_length))
   out_tokens, stats = fn(decode_variables(target_module, target_params, mode), draft_vars,
                          tokens, rng, jnp.int32(eos_id), prompt)
+  _check_cache_writes(stats)
   _check_finite(stats)
   return GenerateOutput(out_tokens, stats)

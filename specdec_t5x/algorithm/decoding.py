@@ -18,7 +18,9 @@ Speculative step (Algorithm 1 of Leviathan et al., ICML 2023), per row with n to
   verify: ONE target call on (y_{n-1}, x_1..x_gamma) at positions n..n+gamma: p_1..p_{gamma+1}.
   accept: n_acc leading drafts, then one token from the residual or the bonus p.
 Caches roll back for free: the next call writes from the row's new n, and stale slots lie
-beyond every query's position (masked by causality).
+beyond every query's position (masked by causality). Every call's writes fit the caches
+sized by `cache_length`; a cache may record a call whose writes did not (a dict's
+SKIPPED entry, layers.note_writes), which the stats report (skipped_cache_writes).
 
 A draft head that reads the target (feature_draft.py; `feature_dim`) drafts differently
 (drafting.feature_drafter): its first call re-feeds the last verify window with the
@@ -39,6 +41,7 @@ from specdec_t5x.algorithm import rows, sampling
 from specdec_t5x.algorithm.drafting import (DraftVocabulary, draft_block, draft_unrolled,
                                             feature_drafter, full_distributions, propose,
                                             token_drafter)
+from specdec_t5x.algorithm.layers import SKIPPED
 from specdec_t5x.algorithm.stats import DecodeStats
 
 # Re-exported: the policy type lives with the decode configuration.
@@ -79,6 +82,21 @@ class DecodeState:
   feature_start: Any = None  # [b] int32: the position of features[:, 0]
 
 
+def cache_length(max_len: int, gamma: int = 0) -> int:
+  """The decoder positions a cache must hold for a decode of max_len tokens drafting up to
+  gamma per step (0: autoregressive): a row's verify call writes positions n .. n + gamma,
+  and a finished row (n = max_len) keeps calling in place. The one place this is derived."""
+  return max_len + gamma + 1
+
+
+def _skipped(cache) -> jax.Array:
+  """Scalar bool: `cache` records a call whose writes did not fit (layers.note_writes);
+  caches that record nothing (test stubs, other models) never do."""
+  if isinstance(cache, dict) and SKIPPED in cache:
+    return cache[SKIPPED]
+  return jnp.zeros((), bool)
+
+
 def _init_state(batch, max_len, extra, rng, target_cache, draft_cache, gamma):
   return DecodeState(
       seq=jnp.zeros((batch, 2 + max_len + extra), jnp.int32),
@@ -97,7 +115,9 @@ def _init_state(batch, max_len, extra, rng, target_cache, draft_cache, gamma):
           accepted_length_histogram=jnp.zeros((gamma + 1,), jnp.int32),
           draft_length_histogram=jnp.zeros((gamma + 1,), jnp.int32),
           nonfinite_target_logits=jnp.zeros((batch,), bool),
-          nonfinite_draft_logits=jnp.zeros((batch,), bool)))
+          nonfinite_draft_logits=jnp.zeros((batch,), bool),
+          skipped_cache_writes=jnp.zeros((batch,), bool),
+          step_outcomes=jnp.zeros((3,), jnp.int32)))
 
 
 def _with_prompt(state: DecodeState, prompt, max_len: int, target_fn: ExtendFn,
@@ -148,16 +168,21 @@ def _emit(state: DecodeState, candidates, num_new, max_len: int, eos_id: int):
 
 def _finish(state: DecodeState, max_len: int, prompt) -> Tuple[jax.Array, DecodeStats]:
   """-> tokens [b, max_len] without BOS (prompt first), zeros after the first EOS, and
-  the DecodeStats (generated_tokens: the tokens after the prompt).
+  the DecodeStats (generated_tokens: the tokens after the prompt; skipped_cache_writes:
+  a call's writes were dropped from a cache, which drops them for every row).
 
-  `generate` raises when a nonfinite_* flag is set rather than return such rows.
+  `generate` raises when a nonfinite_* or skipped_cache_writes flag is set rather than
+  return such rows.
   """
   tokens = state.seq[:, 2:2 + max_len]
   tokens = jnp.where(jnp.arange(max_len)[None, :] < state.length[:, None], tokens, 0)
   generated = state.length
   if prompt is not None:
     generated = generated - jnp.minimum(jnp.sum(prompt != 0, axis=1), max_len).astype(jnp.int32)
-  return tokens, state.stats.replace(generated_tokens=generated)
+  skipped = _skipped(state.target_cache) | _skipped(state.draft_cache)  # every row's writes
+  return tokens, state.stats.replace(
+      generated_tokens=generated,
+      skipped_cache_writes=state.stats.skipped_cache_writes | skipped)
 
 
 def _split_keys(rng, num: int, cfg: sampling.SamplingConfig):
@@ -284,8 +309,11 @@ def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, dr
     candidates = jnp.where(jnp.arange(gamma + 1)[None, :] == n_acc[:, None],
                            token[:, None], candidates)  # [b, gamma + 1]
     act = active.astype(jnp.int32)
+    outcome = jnp.where(n_acc == num_drafted, 2, jnp.minimum(n_acc, 1))  # [b]: the branch
     st = s.stats
     st = st.replace(
+        step_outcomes=st.step_outcomes + jnp.sum(jax.nn.one_hot(outcome, 3, dtype=jnp.int32)
+                                                 * (act * (num_drafted > 0))[:, None], axis=0),
         target_calls=st.target_calls + act, drafted_tokens=st.drafted_tokens + num_drafted * act,
         accepted_tokens=st.accepted_tokens + n_acc * act,
         accepted_length_histogram=st.accepted_length_histogram + jnp.sum(

@@ -37,7 +37,8 @@ import jax.numpy as jnp
 from specdec_t5x.algorithm import drafting, rows
 from specdec_t5x.algorithm.layers import (Attention, Dense, Embed, MlpBlock,
                                           RelativePositionBias, RMSNorm, decode_biases,
-                                          empty_decode_cache, kernel_init, mask_to_bias)
+                                          empty_decode_cache, kernel_init, mask_to_bias,
+                                          note_writes)
 
 
 
@@ -209,19 +210,20 @@ class FeatureDraft(nn.Module):
     self_bias, cross_bias = decode_biases(self.relpos_bias, cache, positions, tokens.shape[1],
                                           self.config.dtype)
     x = self._inputs(tokens, features)
-    new_layers = []
+    new_layers, fits = [], []
     for layer, layer_cache in zip(self.layers, cache['layers']):
       q, k_new, v_new = layer.qkv(x)
-      k_cache, v_cache = rows.update_all(
+      (k_cache, v_cache), ok = rows.update_all(
           (layer_cache['k'], layer_cache['v']),
           (k_new.transpose(0, 2, 3, 1), v_new.transpose(0, 2, 1, 3)), positions + 1, axes=(3, 2))
       attended = layer.self_attention.attend_cached(q, k_cache, v_cache, self_bias)
       x = layer.finish(x, attended, layer_cache['cross_k'], layer_cache['cross_v'], cross_bias)
       new_layers.append(dict(layer_cache, k=k_cache, v=v_cache))
+      fits.append(ok)
     if pick is not None:
       x = rows.window(x, pick, 1)
     logits, predicted = self._outputs(x)
-    return logits, dict(cache, layers=new_layers), predicted
+    return logits, note_writes(cache, new_layers, fits), predicted
 
 
 def check_fits(config: FeatureDraftConfig, target_config: Any) -> None:

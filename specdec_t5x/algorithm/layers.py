@@ -289,7 +289,21 @@ def empty_decode_cache(layers, encoded, encoder_tokens, max_length: int, num_hea
     cache_layers.append({'k': jnp.zeros((b, num_heads, head_dim, slots), dtype),
                          'v': jnp.zeros((b, num_heads, slots, head_dim), dtype),
                          'cross_k': ck, 'cross_v': cv})
-  return {'layers': cache_layers, 'encoder_mask': encoder_tokens > 0}
+  return {'layers': cache_layers, 'encoder_mask': encoder_tokens > 0,
+          SKIPPED: jnp.zeros((), bool)}
+
+
+SKIPPED = 'skipped_writes'  # a decode cache's scalar bool: some call's writes did not fit
+
+
+def note_writes(cache, new_layers, fits):
+  """`cache` with its layers replaced by `new_layers` and SKIPPED set when any of `fits`
+  (the calls' rows.update_all flags) is False: the writes were dropped, and the decode that
+  carried this cache is wrong (decoding reports it, generate raises)."""
+  skipped = cache[SKIPPED]
+  for ok in fits:
+    skipped = skipped | ~ok
+  return dict(cache, layers=new_layers, **{SKIPPED: skipped})
 
 
 def decode_biases(relpos_bias, cache, positions, k: int, dtype):

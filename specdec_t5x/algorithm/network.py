@@ -40,7 +40,7 @@ from specdec_t5x.algorithm import cpu_kernels, rows
 from specdec_t5x.algorithm.layers import (Attention, Dense, Embed, MlpBlock,
                                           RelativePositionBias, RMSNorm, kernel_init,
                                           decode_biases, empty_decode_cache, fused_features,
-                                          mask_to_bias, pairwise)
+                                          mask_to_bias, note_writes, pairwise)
 # Re-exported: callers read the bucketing and its constants as network's.
 from specdec_t5x.algorithm.layers import (MAX_DISTANCE, NEG_INF, NUM_BUCKETS,  # noqa: F401
                                           relative_position_bucket)
@@ -124,7 +124,7 @@ class DecoderLayer(nn.Module):
     y = self.pre_self_attention_layer_norm(x)
     q = self.self_attention.project_q(y)
     k_new, v_new = self.self_attention.project_kv(y)  # [b, k, h, d]
-    k_cache, v_cache = rows.update_all(
+    (k_cache, v_cache), fits = rows.update_all(
         (layer_cache['k'], layer_cache['v']),
         (k_new.transpose(0, 2, 3, 1), v_new.transpose(0, 2, 1, 3)), slots, axes=(3, 2))
     y = self.self_attention.attend_cached(q, k_cache, v_cache, self_bias)
@@ -133,7 +133,7 @@ class DecoderLayer(nn.Module):
         self.encoder_decoder_attention.project_q(z), layer_cache['cross_k'],
         layer_cache['cross_v'], cross_bias)
     x = self._cross_and_mlp(x, cross, True)
-    return x, dict(layer_cache, k=k_cache, v=v_cache)
+    return x, dict(layer_cache, k=k_cache, v=v_cache), fits
 
 
 _T5X_DECODE_UNSUPPORTED = (
@@ -327,15 +327,15 @@ class Decoder(nn.Module):
     self_bias, cross_bias = decode_biases(self.relpos_bias, cache, positions, tokens.shape[1],
                                           self.config.dtype)
     x = self.shared_embedding(tokens.astype(jnp.int32))
-    new_layers, taps = [], []
+    new_layers, taps, fits = [], [], []
     for i, (layer, layer_cache) in enumerate(zip(self.layers, cache['layers'])):
-      x, layer_cache = layer.extend(x, layer_cache, positions + 1, self_bias, cross_bias)
+      x, layer_cache, ok = layer.extend(x, layer_cache, positions + 1, self_bias, cross_bias)
       new_layers.append(layer_cache)
+      fits.append(ok)
       taps += [x] if i in feature_layers else []
     out = self._logits(x, True, return_features, taps)
-    if return_features:
-      return out[0], dict(cache, layers=new_layers), out[1]
-    return out, dict(cache, layers=new_layers)
+    cache = note_writes(cache, new_layers, fits)
+    return (out[0], cache, out[1]) if return_features else (out, cache)
 
 
 def decode_kernels(params, bf16: bool = False) -> dict:

@@ -31,13 +31,15 @@ def update(x: jax.Array, new: jax.Array, start: jax.Array, axis: int = 1) -> jax
 
 def update_all(xs, news, start: jax.Array, axes):
   """`update` of several buffers at the same per-row offsets, each along its own axis,
-  written in place: -> the updated buffers (a tuple).
+  written in place: -> (the updated buffers (a tuple), fits: scalar bool).
 
-  The writes sit inside a `lax.cond` (taken whenever every row's window fits, which the
-  decode loops' cache sizes guarantee; otherwise the buffers are returned unchanged). The
-  branch keeps XLA from fusing a copy of each write into every consumer of the result
-  (the attention that reads the cache, and the loop state that carries it): fused twice,
-  a write cannot be in place, and the whole buffer is copied on every call (seen with
+  The writes sit inside a `lax.cond`, taken when every row's window fits (`fits`). The
+  decode loops size their caches so that it always does (decoding.cache_length); if it
+  ever does not, the buffers come back unchanged and `fits` is False, which the caches
+  record (layers.note_writes) and `generate` raises on: never a silent skip. The branch
+  keeps XLA from fusing a copy of each write into every consumer of the result (the
+  attention that reads the cache, and the loop state that carries it): fused twice, a
+  write cannot be in place, and the whole buffer is copied on every call (seen with
   batch-1 and single-head shards, whose size-1 dimensions make the consumers reshape).
   """
   xs, news = tuple(xs), tuple(news)
@@ -48,4 +50,4 @@ def update_all(xs, news, start: jax.Array, axes):
   def write(buffers):
     return tuple(update(x, new, start, axis) for x, new, axis in zip(buffers, news, axes))
 
-  return jax.lax.cond(fits, write, lambda buffers: buffers, xs)
+  return jax.lax.cond(fits, write, lambda buffers: buffers, xs), fits

@@ -29,6 +29,13 @@ class DecodeStats(Mapping):
   draft_length_histogram: jax.Array  # [gamma + 1] int32: steps with 0..gamma drafts verified
   nonfinite_target_logits: jax.Array  # [b] bool: a target call gave the row NaN/inf logits
   nonfinite_draft_logits: jax.Array  # [b] bool: a draft call gave the row NaN/inf logits
+  # [b] bool: a model call's cache writes did not fit its cache and were dropped (a sizing
+  # bug: every later token of the decode is suspect; generate raises)
+  skipped_cache_writes: jax.Array
+  # [3] int32: steps that verified >= 1 draft and ended with (0) the first draft rejected,
+  # (1) a later draft rejected, (2) every draft accepted (the bonus token): the branches of
+  # the acceptance rule, counted over rows
+  step_outcomes: jax.Array
 
   def __getitem__(self, key: str) -> jax.Array:
     if key not in _FIELDS:
