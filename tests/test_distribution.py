@@ -1,8 +1,13 @@
 """Speculative sampling reproduces the target's exact sequence distribution.
 
-With a 6-token vocabulary and 3 output tokens every output sequence can be enumerated,
-and its exact probability under the standardised target computed by teacher forcing.
-Thousands of independent batch rows (one call) are then compared by chi-square.
+With a 4-token vocabulary and up to 5 output tokens every output sequence (364 of them)
+can be enumerated, and its exact probability under the standardised target computed by
+teacher forcing. Thousands of independent batch rows (one call) are then compared by
+chi-square. Five tokens take several speculative steps per sequence at gamma 2-3, so
+every branch of the acceptance rule is exercised: the first draft rejected, a later one
+rejected (a rollback), every draft accepted (the bonus token, and the next step's catch-up);
+`sample_counts` requires each at least MIN_BRANCH times and reports the counts (pytest's
+summary lists them per test).
 """
 
 import collections
@@ -19,7 +24,10 @@ from specdec_t5x import generate
 from specdec_t5x.algorithm import api, sampling
 from specdec_t5x.algorithm import drafts
 
-VOCAB, EOS, MAX_LEN, ROWS = 6, 1, 3, 20000
+VOCAB, EOS, MAX_LEN, ROWS = 4, 1, 5, 20000
+MIN_BRANCH = 100  # steps each branch of the rule must take in a speculative sample
+BRANCHES = ('first draft rejected', 'later draft rejected', 'all accepted')
+BRANCH_LOG = []  # per sample: {branch: steps}; conftest adds them to the test's report
 
 
 @pytest.fixture(scope='module')
@@ -63,12 +71,32 @@ def exact_probabilities(target, enc, cfg):
   return {tuple(s): p for (s, _), p in zip(seqs, step.prod(1))}
 
 
-def sample_counts(target, draft, enc, cfg, seed, gamma=2, verifier='token'):
-  out = generate(target, np.repeat(enc, ROWS, 0), draft=draft, gamma=gamma, verifier=verifier,
+def sample_counts(target, draft, enc, cfg, seed, gamma=2, verifier='token', rows=ROWS,
+                  **settings):
+  """{sequence: count} of `rows` decodes of each row of enc [n, L] (np.repeat: rows of one
+  input are adjacent), sampled as `cfg` says; more DecodeConfig fields in `settings`. With a
+  draft, each branch of the acceptance rule must occur MIN_BRANCH times (logged)."""
+  out = generate(target, np.repeat(enc, rows, 0), draft=draft, gamma=gamma, verifier=verifier,
                  temperature=cfg.temperature, topk=cfg.topk, topp=cfg.topp,
-                 max_decode_length=MAX_LEN, eos_id=EOS, rng=jax.random.PRNGKey(seed))
-  seqs, counts = np.unique(np.asarray(out.tokens), axis=0, return_counts=True)
+                 max_decode_length=MAX_LEN, eos_id=EOS, rng=jax.random.PRNGKey(seed),
+                 **settings)
+  if draft is not None:
+    require_branches(out.stats)
+  return counts_of(out.tokens)
+
+
+def counts_of(tokens):
+  """{sequence tuple: count} of decoded tokens [n, MAX_LEN]."""
+  seqs, counts = np.unique(np.asarray(tokens), axis=0, return_counts=True)
   return {tuple(s): c for s, c in zip(seqs.tolist(), counts)}
+
+
+def require_branches(stats):
+  """Logs a speculative sample's step outcomes and requires MIN_BRANCH of each branch."""
+  hits = dict(zip(BRANCHES, np.asarray(stats['step_outcomes']).tolist()))
+  BRANCH_LOG.append(hits)
+  assert min(hits.values()) >= MIN_BRANCH, f'a branch of the rule is barely exercised: {hits}'
+
 
 
 def chi2_pvalue(exact, counts):
@@ -87,7 +115,7 @@ def chi2_pvalue(exact, counts):
   return stats.chisquare(obs, exp).pvalue
 
 
-ENC = np.array([[2, 3, 4, 5, 3]], np.int32)
+ENC = np.array([[2, 3, 3, 2, 3]], np.int32)
 CASES = [sampling.SamplingConfig(1.0), sampling.SamplingConfig(0.6),
          sampling.SamplingConfig(1.0, topk=3), sampling.SamplingConfig(0.8, topp=0.7)]
 
@@ -115,6 +143,26 @@ def test_ngram_drafts_are_exact(models, name):
   cfg = sampling.SamplingConfig(1.0)
   exact = exact_probabilities(target, ENC, cfg)
   assert chi2_pvalue(exact, sample_counts(target, ngrams[name], ENC, cfg, seed=2, gamma=3)) > 1e-3
+
+
+@pytest.mark.parametrize('verifier', ['token', 'block'])
+def test_rows_of_different_inputs_each_follow_their_own_law(models, verifier):
+  """One batch of two inputs of different lengths, the rows of each adjacent: each input's
+  rows follow its own exact law (rows share the loop, never their randomness or caches)."""
+  target, draft, _ = models
+  cfg = sampling.SamplingConfig(1.0)
+  enc = np.array([[2, 3, 3, 2, 3], [3, 2, 0, 0, 0]], np.int32)
+  half = ROWS // 2
+  out = generate(target, np.repeat(enc, half, 0), draft=draft, gamma=3, verifier=verifier,
+                 temperature=1.0, max_decode_length=MAX_LEN, eos_id=EOS,
+                 rng=jax.random.PRNGKey(12))
+  require_branches(out.stats)
+  tokens = np.asarray(out.tokens)
+  for i in range(2):
+    exact = exact_probabilities(target, enc[i:i + 1], cfg)
+    assert chi2_pvalue(exact, counts_of(tokens[i * half:(i + 1) * half])) > 1e-3, i
+  first = [exact_probabilities(target, enc[i:i + 1], cfg) for i in range(2)]
+  assert chi2_pvalue(first[1], counts_of(tokens[:half])) < 1e-6  # the laws differ
 
 
 def test_autoregressive_matches_exact_target_distribution(models):
