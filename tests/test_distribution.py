@@ -200,3 +200,21 @@ def broken_rule_pvalue(target, draft, monkeypatch, seed):
 def test_broken_rule_is_detected(models, monkeypatch):
   target, draft, _ = models
   assert broken_rule_pvalue(target, draft, monkeypatch, seed=1) < 1e-6
+
+
+def test_block_rule_without_its_residual_is_detected(models, monkeypatch):
+  """Block verification followed by a draw from p_{n+1} instead of its residual
+  norm(max(0, w_n p - q)) is caught over the longer sequences."""
+  target, draft, _ = models
+  cfg = sampling.SamplingConfig(1.0)
+  exact = exact_probabilities(target, ENC, cfg)
+  accept_block = sampling.accept_block
+
+  def broken(uniforms, draft_tokens, q, p, num_drafted):
+    n, _ = accept_block(uniforms, draft_tokens, q, p, num_drafted)
+    return n, jnp.take_along_axis(p, n[:, None, None], axis=1)[:, 0]
+
+  monkeypatch.setattr(sampling, 'accept_block', broken)
+  monkeypatch.setattr(api, '_COMPILED', collections.OrderedDict())
+  counts = sample_counts(target, draft, ENC, cfg, seed=6, gamma=3, verifier='block')
+  assert chi2_pvalue(exact, counts) < 1e-6
