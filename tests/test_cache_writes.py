@@ -45,6 +45,10 @@ def test_caches_too_small_are_reported_and_raised(models, draft, fresh_programs,
   assert np.all(stats['skipped_cache_writes'])  # every row's writes of that call were dropped
   with pytest.raises(RuntimeError, match='did not fit the decode cache'):
     generate(target, enc, draft=drafted, max_decode_length=6, config=config)
+  traced = jax.jit(lambda x: generate(target, x, draft=drafted, max_decode_length=6,
+                                      config=config).tokens)  # as T5X's infer calls it
+  with pytest.raises(Exception, match='did not fit the decode cache'):
+    jax.block_until_ready(traced(enc))
 
 
 @pytest.mark.parametrize('draft', ['model draft', 'feature head'])

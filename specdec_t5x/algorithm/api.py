@@ -17,9 +17,8 @@ import weakref
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from specdec_t5x.algorithm import cpu_kernels, decoding, feature_draft, layers, network
+from specdec_t5x.algorithm import checks, cpu_kernels, decoding, feature_draft, layers, network
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.algorithm.stats import DecodeStats
 
@@ -242,74 +241,7 @@ def _compiled(target_module, draft_module, *, max_len: int, config: DecodeConfig
       target_module, draft_module, max_len=max_len, config=config)))
 
 
-def _is_traced(x) -> bool:
-  return isinstance(x, jax.core.Tracer)
-
-
-def _check_encoder_inputs(x, vocab_size: Optional[int]) -> jax.Array:
-  """[batch, length] integer ids -> int32; concrete inputs must lie in [0, vocab_size).
-
-  Out-of-range ids would otherwise be clamped or wrapped by the embedding lookup (and
-  int64 ids >= 2**31 wrap to other ids in the int32 cast): silent garbage. Traced inputs
-  (generate called under jit) cannot be inspected and are not checked.
-  """
-  arr = np.asarray(x) if not isinstance(x, jax.Array) else x
-  if arr.ndim != 2:
-    raise ValueError(f'encoder_input_tokens must be a 2-D [batch, length] int array, '
-                     f'got shape {tuple(arr.shape)}.')
-  if not jnp.issubdtype(arr.dtype, jnp.integer):
-    raise ValueError(f'encoder_input_tokens must hold integer token ids, got dtype {arr.dtype}.')
-  if 0 in arr.shape:
-    raise ValueError(f'encoder_input_tokens is empty (shape {tuple(arr.shape)}): give at '
-                     'least one row of at least one token.')
-  if not _is_traced(arr):
-    limit = vocab_size or 2 ** 31
-    lo, hi = int(arr.min()), int(arr.max())  # On device for jax arrays, sharded or not.
-    if lo < 0 or hi >= limit:
-      host = np.asarray(arr)
-      row, col = (int(i) for i in np.argwhere((host < 0) | (host >= limit))[0])
-      raise ValueError(
-          f'encoder_input_tokens[{row}, {col}] = {int(host[row, col])} is not a token id of '
-          f'this model: ids must lie in [0, {limit}) ('
-          + ('the target vocab_size' if vocab_size else 'int32') + '; 0 = padding). '
-          'Tokenize with the model\'s vocabulary.')
-  return jnp.asarray(arr, jnp.int32)
-
-
-def _check_prompt(prompt, batch: int, max_len: int) -> jax.Array:
-  """decoder_prompt [batch, P <= max_len] integer ids -> int32."""
-  if (np.ndim(prompt) != 2 or np.shape(prompt)[0] != batch or np.shape(prompt)[1] > max_len
-      or not jnp.issubdtype(jnp.result_type(prompt), jnp.integer)):
-    raise ValueError(f'decoder_prompt must be [batch={batch}, P <= max_decode_length='
-                     f'{max_len}] integer ids, got shape {np.shape(prompt)}.')
-  return jnp.asarray(prompt, jnp.int32)
-
-
-def _check_cache_writes(stats: DecodeStats) -> None:
-  """Raises if a model call's cache writes were dropped (a cache sized too small for the
-  decode: a bug, never a setting; every row's later tokens would be suspect)."""
-  flags = stats['skipped_cache_writes']
-  if not _is_traced(flags) and bool(np.any(np.asarray(flags))):
-    raise RuntimeError('A decode call\'s cache writes did not fit the decode cache and were '
-                       'dropped, so its tokens are not the models\' (the caches hold '
-                       'decoding.cache_length positions). This is a bug of specdec_t5x; '
-                       'please report it with the settings and models used.')
-
-
-def _check_finite(stats: DecodeStats) -> None:
-  """Raises if a decoding row met NaN/inf logits (its tokens would be garbage/padding)."""
-  for who, key, hint in (
-      ('target', 'nonfinite_target_logits', 'the target params (checkpoint, '
-       'CHECKPOINT_DTYPE: float16 overflows) and its inputs'),
-      ('draft', 'nonfinite_draft_logits', 'the draft params (checkpoint, dtype)')):
-    flags = stats[key]
-    if _is_traced(flags):
-      continue
-    rows = np.flatnonzero(np.asarray(flags))
-    if rows.size:
-      raise FloatingPointError(
-          f'The {who} model produced NaN or infinite logits for batch rows '
-          f'{rows.tolist()[:10]}; no tokens are returned for them. Check {hint}.')
+_is_traced = checks.is_traced
 
 
 def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[ModelAndParams] = None,
@@ -374,7 +306,7 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
   target_module, target_params = target
   config.check_models(vocab_size=_vocab_size(target_module),
                       max_decode_length=int(max_decode_length), speculative=draft is not None)
-  tokens = _check_encoder_inputs(encoder_input_tokens, _vocab_size(target_module))
+  tokens = checks.encoder_inputs(encoder_input_tokens, _vocab_size(target_module))
   draft_module, draft_params = draft if draft is not None else (None, None)
   if draft_module is not None:
     if config.gamma == 'auto':
@@ -387,10 +319,10 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
   mode = config.cpu_kernels
   draft_vars = None if draft_module is None else decode_variables(draft_module, draft_params,
                                                                   mode)
-  prompt = None if decoder_prompt is None else _check_prompt(decoder_prompt, tokens.shape[0],
+  prompt = None if decoder_prompt is None else checks.decoder_prompt(decoder_prompt, tokens.shape[0],
                                                              int(max_decode_length))
   out_tokens, stats = fn(decode_variables(target_module, target_params, mode), draft_vars,
                          tokens, rng, jnp.int32(eos_id), prompt)
-  _check_cache_writes(stats)
-  _check_finite(stats)
+  checks.cache_writes(stats)
+  checks.finite(stats)
   return GenerateOutput(out_tokens, stats)
