@@ -31,9 +31,8 @@ setup(
     ],
     extras_require={
         # torch is pinned to the CPU build: an unpinned torch pulls a multi-GB CUDA build.
-        # pytest-xdist: the suite runs on both cores (-n 2); with T5X installed it has 557 tests
-        # (the slowest: test_finetune_configs, test_device_report), and -m "not slow" keeps
-        # the 417 exactness and unit tests (tests/conftest.py registers the marker).
+        # pytest-xdist: the suite runs on both cores (-n 2); -m "not slow and not timing"
+        # keeps the fast set (tests/conftest.py registers the markers).
         "test": ["pytest", "pytest-xdist", "scipy", "torch==2.13.0", "transformers", "safetensors"],
     },
 )

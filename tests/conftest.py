@@ -1,12 +1,17 @@
 """Shared tiny models for the tests (hermetic: random weights made here), and the `slow`
 marker: `pytest -m "not slow"` leaves out the end-to-end runs (runners, training, T5X's
 infer, fine-tuning, Hugging Face, the demo checkpoints) and keeps the exactness and unit
-tests; README command 2 and .ci/run run everything."""
+tests; README command 2 and .ci/run run everything.
+
+SPECDEC_REQUIRE_T5X=1 (set by .ci/run where it installs T5X): a test or test module that
+would be skipped for a missing T5X-stack module (its skip reason names one of T5X_STACK)
+fails instead, so that no comparison with stock T5X can silently drop out of a run."""
 
 import importlib.util
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -20,12 +25,76 @@ from specdec_t5x.algorithm.network import T5Config, Transformer
 
 def pytest_configure(config):
   config.addinivalue_line(
-      'markers', 'slow: an end-to-end run (subprocess, runner, training); deselect with '
-      '-m "not slow" for the exactness and unit tests alone')
+      'markers', 'slow: an end-to-end run (subprocess, runner, training) or a results '
+      'table\'s tooling; deselect with -m "not slow" for the exactness and unit tests alone')
   config.addinivalue_line(
       'markers', 'timing: asserts on wall-clock timings, so it runs alone: the README\'s test '
       'command runs these after the others, not beside a second worker (two workers on two '
       'cores make a tiny model\'s millisecond timings noise)')
+
+
+# T5X and the libraries only T5X's path needs; a skip reason naming one of them is a skip
+# for want of T5X.
+T5X_STACK = ('t5x', 'orbax', 'seqio', 'flaxformer', 'airio', 'jestimator')
+_T5X_SKIP = re.compile(r'\b(%s)\b' % '|'.join(T5X_STACK), re.IGNORECASE)
+
+
+def _skip_reason(report) -> str:
+  """A skipped report's reason (its longrepr is (path, line, reason))."""
+  return report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+
+
+def t5x_skip_fails(report) -> bool:
+  """Whether `report` (a test's or a collector's) is a skip that SPECDEC_REQUIRE_T5X=1
+  turns into a failure: a skip whose reason names a T5X_STACK module."""
+  return (os.environ.get('SPECDEC_REQUIRE_T5X') == '1' and report.skipped
+          and bool(_T5X_SKIP.search(_skip_reason(report))))
+
+
+def _fail_t5x_skip(report):
+  if t5x_skip_fails(report):
+    report.outcome = 'failed'
+    report.longrepr = (f'{report.nodeid}: SPECDEC_REQUIRE_T5X=1, but it would have been '
+                       f'skipped for a missing T5X-stack module: {_skip_reason(report)}')
+  return report
+
+
+# Named apart from other hooks of the same spec in this file (a second def of one name
+# would replace the first); pytest reads only names that start with pytest_.
+@pytest.hookimpl(wrapper=True, specname='pytest_runtest_makereport')
+def pytest_runtest_makereport_require_t5x(item, call):  # a skipif mark, importorskip in a test
+  del item, call
+  return _fail_t5x_skip((yield))
+
+
+@pytest.hookimpl(wrapper=True, specname='pytest_make_collect_report')
+def pytest_make_collect_report_require_t5x(collector):  # importorskip at a module's top
+  del collector
+  return _fail_t5x_skip((yield))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+  """A test's exact-law samples report the acceptance rule's branches they hit
+  (test_distribution.BRANCH_LOG) as a user property, which reaches the summary under xdist."""
+  outcome = yield
+  log = getattr(sys.modules.get('test_distribution'), 'BRANCH_LOG', None)
+  if log is None:
+    return
+  if call.when == 'call' and log:
+    outcome.get_result().user_properties.append(('branches', list(log)))
+  if call.when in ('setup', 'call'):
+    log.clear()
+
+
+def pytest_terminal_summary(terminalreporter):
+  lines = [f'{r.nodeid}: {value}' for key in ('passed', 'failed')
+           for r in terminalreporter.stats.get(key, [])
+           for name, value in getattr(r, 'user_properties', ()) if name == 'branches']
+  if lines:
+    terminalreporter.write_sep('-', 'steps per branch of the acceptance rule, per sample')
+    for line in sorted(lines):
+      terminalreporter.write_line(line)
 
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

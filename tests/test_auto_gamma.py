@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import random_inputs
 
-from specdec_t5x.algorithm import api, auto_gamma, theory, timing
+from specdec_t5x.algorithm import api, auto_gamma, timing
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.integration import infer, models, tasks
 
@@ -31,6 +31,15 @@ def _stub_costs(t_target, t_draft, verify_ratio):
   return call_costs
 
 
+def _paper_gamma(alpha, c, verify_ratio=0.0, max_gamma=auto_gamma.MAX_GAMMA):
+  """(best gamma, its improvement) by brute force over g = 1..max_gamma of the paper's
+  (1 - alpha^(g+1)) / ((1 - alpha)(g c + 1)), the verify call costing 1 + verify_ratio g
+  target steps instead of 1 (verify_ratio: a number, or one per g)."""
+  g = np.arange(1, max_gamma + 1)
+  improvement = (1 - alpha ** (g + 1)) / ((1 - alpha) * (g * c + 1 + verify_ratio * g))
+  return int(g[np.argmax(improvement)]), float(improvement.max())
+
+
 @pytest.mark.parametrize('alpha, c, verify_ratio, expected', [
     (0.9, 0.01, 0.0, 8),  # cheap draft, free verification, high alpha: the longest gamma
     (0.1, 0.5, 0.0, 1),  # poor draft: one draft per call
@@ -40,12 +49,10 @@ def test_choice_is_theorys_argmax_of_the_costs(monkeypatch, target_and_draft, al
   monkeypatch.setattr(timing, 'call_costs', _stub_costs(1.0, c, verify_ratio))
   target, draft = target_and_draft
   choice = auto_gamma.choose_gamma(target, draft, ENC, alpha=alpha, max_len=8)
-  improvements = [theory.walltime_improvement_measured(alpha, g, c, 1.0,
-                                                       1 + verify_ratio * g)
-                  for g in range(1, auto_gamma.MAX_GAMMA + 1)]
-  assert choice['gamma'] == expected == 1 + int(np.argmax(improvements))
+  best, improvement = _paper_gamma(alpha, c, verify_ratio)
+  assert choice['gamma'] == expected == best
   assert choice['c'] == pytest.approx(c)
-  assert choice['predicted_improvement'] == pytest.approx(max(improvements))
+  assert choice['predicted_improvement'] == pytest.approx(improvement)
 
 
 def test_measured_choice_is_consistent_with_its_costs(target_and_draft):
@@ -55,9 +62,11 @@ def test_measured_choice_is_consistent_with_its_costs(target_and_draft):
   costs = choice['costs_s']
   assert sorted(costs) == ['t_draft', 't_target', 't_verify_2', 't_verify_3', 't_verify_4']
   assert all(v > 0 for v in costs.values())
-  tv = [0.0] + [costs[f't_verify_{g + 1}'] for g in (1, 2, 3)]
-  assert choice['gamma'] == theory.best_gamma_measured(0.6, costs['t_draft'],
-                                                       costs['t_target'], np.array(tv))
+  t_target = costs['t_target']
+  ratio = np.array([(costs[f't_verify_{g + 1}'] / t_target - 1) / g for g in (1, 2, 3)])
+  best, improvement = _paper_gamma(0.6, costs['t_draft'] / t_target, ratio, max_gamma=3)
+  assert choice['gamma'] == best
+  assert choice['predicted_improvement'] == pytest.approx(improvement)
 
 
 def test_warmup_alpha_of_a_perfect_draft_is_one(target_and_draft):
@@ -90,7 +99,9 @@ def test_auto_model_decodes_the_greedy_tokens(monkeypatch, target_and_draft):
   assert model.describe()['gamma'] == 'auto' and model.describe()['gamma_alpha'] == 0.5
   enc = random_inputs(2, 16, 40, seed=6, min_len=8)
   tokens, _, _ = model.predict_batch_with_stats(t_params, {'encoder_input_tokens': enc})
-  assert model.run_config.gamma == model.gamma_choice['gamma'] == 1  # theory: 1.11x at 1
+  best, improvement = _paper_gamma(0.5, 0.22, 0.13)
+  assert model.run_config.gamma == model.gamma_choice['gamma'] == best == 1  # 1.11x at 1
+  assert model.gamma_choice['predicted_improvement'] == pytest.approx(improvement)
   assert model.decode_config.gamma == 'auto' and model.run_config.gamma_alpha == 0.5
   assert model.gamma_choice['alpha'] == 0.5 and model.gamma_choice['alpha_source'] == 'given'
   assert model.describe()['gamma'] == 'auto'  # the setting, stable for resumed runs
@@ -121,7 +132,11 @@ def test_infer_with_auto_gamma(monkeypatch, tmp_path, capsys):
     gin.clear_config()  # main() leaves the config locked, as T5X does.
   choice = metrics['gamma_choice']
   assert metrics['gamma'] == 'auto' and choice['alpha_source'].startswith('warm-up')
-  assert 1 <= choice['gamma'] <= auto_gamma.MAX_GAMMA and 0.0 <= choice['alpha'] <= 1.0
+  assert 0.0 < choice['alpha'] < 1.0
+  # The warm-up's alpha and the stubbed costs (c = 0.01, verify = one target step) fix the
+  # choice (the runner's 16 target positions leave every gamma up to MAX_GAMMA).
+  best, improvement = _paper_gamma(choice['alpha'], 0.01)
+  assert choice['gamma'] == best and choice['predicted_improvement'] == pytest.approx(improvement)
   assert len(metrics['accepted_length_histogram']) == choice['gamma'] + 1
   spec = tmp_path / metrics['predictions_file']
   base = tmp_path / metrics['baseline']['predictions_file']

@@ -12,7 +12,28 @@ from specdec_t5x import generate
 from specdec_t5x.algorithm import feature_draft
 from specdec_t5x.research import confidence, feature_train
 
+pytestmark = pytest.mark.slow  # a results table's tooling, with trained-like heads
+
 VOCAB = 40
+
+
+def _head_argmax_decoding(target, head, enc, tokens):
+  """The feature head's argmax at every position of `tokens` [b, L], through the decode
+  path (one `extend` of the target's cache for its features, then one of the head's)
+  rather than the teacher-forced passes confidence.py reads."""
+  (t_module, t_params), (h_module, h_params) = target, head
+  dec_in = np.pad(tokens[:, :-1], ((0, 0), (1, 0)))
+  start = np.zeros(len(enc), np.int32)
+  encoded = t_module.apply({'params': t_params}, enc, method='encode')
+  cache = t_module.apply({'params': t_params}, encoded, enc, tokens.shape[1] + 1,
+                         method='init_cache')
+  _, _, features = t_module.apply({'params': t_params}, cache, dec_in, start, True,
+                                  method='extend')
+  before = np.pad(np.asarray(features)[:, :-1], ((0, 0), (1, 0), (0, 0)))  # zeros at BOS
+  cache = h_module.apply({'params': h_params}, encoded, enc, tokens.shape[1] + 1,
+                         method='init_cache')
+  logits = h_module.apply({'params': h_params}, cache, dec_in, start, before, method='extend')[0]
+  return np.asarray(logits).argmax(-1)
 
 
 @pytest.fixture(scope='module')
@@ -44,7 +65,11 @@ def test_buckets_partition_the_positions_and_match_a_direct_count(family):
   assert table['buckets'][0]['share'] == pytest.approx(low.mean())
   assert table['buckets'][0]['agreement']['draft'] == pytest.approx(right[low].mean())
   assert table['buckets'][1]['agreement']['draft'] == pytest.approx(right[~low].mean())
-  assert 0 <= table['agreement']['head'] <= 1
+  head_right = (_head_argmax_decoding(target, head, enc, tokens) == tokens)[mask]
+  assert 0 < head_right.mean() < 1  # the comparison can tell a wrong count
+  assert table['agreement']['head'] == pytest.approx(head_right.mean())
+  assert table['buckets'][0]['agreement']['head'] == pytest.approx(head_right[low].mean())
+  assert table['buckets'][1]['agreement']['head'] == pytest.approx(head_right[~low].mean())
   late = np.broadcast_to(np.arange(12), tokens.shape)[mask] >= 5
   assert [(r['from'], r['to']) for r in table['by_position']] == [(0, 5), (5, 12)]
   assert table['by_position'][1]['share'] == pytest.approx(late.mean())

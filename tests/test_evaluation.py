@@ -14,6 +14,8 @@ from specdec_t5x.algorithm import sampling, theory, timing
 from specdec_t5x.research import evaluation, speed
 from test_infer import _flags, env  # pylint: disable=unused-import  (tiny ckpts, mock WMT)
 
+pytestmark = pytest.mark.slow  # the results' scripts and tables, run end to end
+
 
 @pytest.fixture(autouse=True)
 def _unlock_gin():

@@ -7,6 +7,7 @@ import pathlib
 import shlex
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -55,16 +56,25 @@ def test_index_lists_every_result_as_rendered():
   assert committed == '\n'.join(reproduce.index(RESULTS)) + '\n'
 
 
-def test_a_running_python_process_makes_the_machine_busy():
+def test_a_running_python_process_makes_the_machine_busy(monkeypatch):
+  """busy() sees only this process, its parent and the child through a narrowed /proc
+  listing, on CPUs it reads as idle: another test worker's Python (pytest-xdist) or load
+  cannot make it busy in the child's stead."""
   child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])
+  shown = [os.getpid(), os.getppid(), child.pid]
+  listing = lambda pattern: [f'/proc/{pid}/cmdline' for pid in shown]
+  monkeypatch.setattr(reproduce, 'glob', types.SimpleNamespace(glob=listing))
+  monkeypatch.setattr(reproduce, 'cpu_busy_fraction', lambda window=2.0: 0.0)
   try:
-    why = reproduce.busy(max_cpu=1.0)
-    assert why is not None and 'Python' in why
-    with pytest.raises(RuntimeError, match='Not timing'):
+    why = reproduce.busy()
+    assert why is not None and 'Python' in why and f'pid {child.pid}:' in why
+    with pytest.raises(RuntimeError, match=f'Not timing x: .*pid {child.pid}:'):
       reproduce.run([reproduce.Step('x', 'nope.py')], root='/nonexistent')
   finally:
     child.kill()
     child.wait()
+  shown.pop()  # the child gone: this Python and its parent alone never make it busy
+  assert reproduce.busy() is None
 
 
 def test_a_spinning_process_makes_the_cpus_busy():

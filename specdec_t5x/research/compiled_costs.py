@@ -139,10 +139,13 @@ def param_shardings(params: Any, axes: Any, mesh: Mesh) -> Any:
 def cache_shardings(cache: Any, mesh: Mesh) -> Any:
   """The decode cache split by heads, as T5X's rules split attention (batch -> 'data',
   heads -> 'model'; replicated where 'model' does not divide the heads): every 4-D leaf is
-  [batch, heads, ...]; the encoder mask is [batch, enc]."""
+  [batch, heads, ...]; the encoder mask is [batch, enc]; the scalar flag of dropped writes
+  (layers.SKIPPED) is replicated."""
   rules, shape = partitioning.standard_logical_axis_rules(), dict(mesh.shape)
 
   def spec(x):
+    if x.ndim == 0:
+      return NamedSharding(mesh, PartitionSpec())
     axes = ('batch', 'heads') + (None,) * (x.ndim - 2) if x.ndim == 4 else \
         ('batch',) + (None,) * (x.ndim - 1)
     return NamedSharding(mesh, partitioning.logical_to_mesh_spec(axes, rules, x.shape, shape))
