@@ -51,8 +51,8 @@ def test_caches_too_small_are_reported_and_raised(models, draft, fresh_programs,
     jax.block_until_ready(traced(enc))
 
 
-@pytest.mark.parametrize('draft', ['model draft', 'feature head'])
-@pytest.mark.parametrize('policy', ['fixed', 'confidence'])
+@pytest.mark.parametrize('draft,policy', [('model draft', 'fixed'), ('feature head', 'fixed'),
+                                          ('model draft', 'confidence')])
 def test_each_row_decodes_in_a_batch_as_it_does_alone(models, draft, policy):
   """Greedy: each row's tokens and every per-row counter (target calls, drafts, acceptances)
   are the same in a batch of rows of different lengths as alone; and the batch's step

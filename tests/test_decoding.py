@@ -34,7 +34,7 @@ def test_greedy_speculative_equals_greedy_target(target_and_draft, batch):
     enc = random_inputs(batch, 9, 40, seed=seed)
     eos = _eos_mid_batch(target, enc, max_len) if batch > 1 else 1
     ar = generate(target, enc, max_decode_length=max_len, eos_id=eos)
-    for gamma in (1, 2, 3, 5, 8):  # one draft call .. more drafts than most rows have room for
+    for gamma in (1, 3, 8):  # one draft call, the paper's size, more than most rows have room for
       sp = generate(target, enc, draft=draft, gamma=gamma, max_decode_length=max_len, eos_id=eos)
       np.testing.assert_array_equal(sp.tokens, ar.tokens, err_msg=f'gamma={gamma} seed={seed}')
       np.testing.assert_array_equal(sp.stats['generated_tokens'], ar.stats['generated_tokens'])
@@ -42,15 +42,6 @@ def test_greedy_speculative_equals_greedy_target(target_and_draft, batch):
       lengths = np.asarray(ar.stats['generated_tokens'])
       assert len(set(lengths.tolist())) > 1 and lengths.min() < max_len, (seed, eos, lengths)
       assert all(row[n - 1] == eos for row, n in zip(np.asarray(ar.tokens), lengths) if n < max_len)
-
-
-def test_greedy_rows_match_batch_of_one(target_and_draft):
-  target, draft = target_and_draft
-  enc = random_inputs(4, 9, 40, seed=11)
-  full = generate(target, enc, draft=draft, gamma=3, max_decode_length=12).tokens
-  for r in range(4):
-    one = generate(target, enc[r:r + 1], draft=draft, gamma=3, max_decode_length=12).tokens
-    np.testing.assert_array_equal(one[0], full[r])
 
 
 def test_draft_equal_to_target_accepts_everything(target_and_draft):

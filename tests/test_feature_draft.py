@@ -139,7 +139,7 @@ def test_greedy_equals_autoregressive(target_and_draft, batch, policy):
   ar = generate(target, enc, max_decode_length=14, eos_id=eos)
   if batch > 1:  # EOS really ends rows at different times
     assert len(set(np.asarray(ar.stats['generated_tokens']).tolist())) > 1
-  for gamma in (1, 2, 3, 5, 8) if policy == 'fixed' else (2, 5):  # 1 draft call .. many
+  for gamma in (1, 3, 8) if policy == 'fixed' else (2, 5):  # one draft call .. more than room
     spec = generate(target, enc, draft=head, gamma=gamma, gamma_policy=policy,
                     max_decode_length=14, eos_id=eos)
     np.testing.assert_array_equal(np.asarray(spec.tokens), np.asarray(ar.tokens),
