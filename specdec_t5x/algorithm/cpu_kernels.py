@@ -53,7 +53,7 @@ import os
 import platform
 import subprocess
 import tempfile
-from typing import Tuple
+from typing import Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -148,18 +148,23 @@ _ACCELERATOR_FORMS = [False]  # set by accelerator_forms() while tracing
 
 
 @contextlib.contextmanager
+def _holding(cell: list, value):
+  """Sets cell[0] to `value` inside the block (a trace-time setting), then restores it."""
+  before = cell[0]
+  cell[0] = value
+  try:
+    yield
+  finally:
+    cell[0] = before
+
+
 def accelerator_forms():
   """Traces the decode path as on an accelerator even on the CPU backend: cached attention
   as one product over all queries (layers.Attention.attend_cached) and the argmax without
   the row kernel, for programs compiled on a CPU to predict an accelerator's
   (research/compiled_costs.py). The form is chosen while tracing, so only functions traced
   inside the block take it: a jitted function traced before keeps its cached program."""
-  before = _ACCELERATOR_FORMS[0]
-  _ACCELERATOR_FORMS[0] = True
-  try:
-    yield
-  finally:
-    _ACCELERATOR_FORMS[0] = before
+  return _holding(_ACCELERATOR_FORMS, True)
 
 
 def cpu_forms() -> bool:
@@ -211,32 +216,20 @@ _TRACED_MODE = [None]  # set by decode_mode() while a decode program is traced
 _DEFAULT = [None]  # set by default_mode_as()
 
 
-@contextlib.contextmanager
 def default_mode_as(mode: str):
   """Makes `mode` the default inside the block, for measurements of code that takes no
   DecodeConfig (call costs, loop ladders: their programs are traced in the default mode,
   and their variables differ per mode, so each mode gets its own program)."""
-  before = _DEFAULT[0]
-  _DEFAULT[0] = check_mode(mode)
-  try:
-    yield
-  finally:
-    _DEFAULT[0] = before
+  return _holding(_DEFAULT, check_mode(mode))
 
 
-@contextlib.contextmanager
-def decode_mode(mode: str):
+def decode_mode(mode: Optional[str]):
   """Traces the decode path in kernel mode `mode` (api.decode_program): what `row_kernel`
   answers while a program is traced inside the block (None: default_mode())."""
-  before = _TRACED_MODE[0]
-  _TRACED_MODE[0] = None if mode is None else check_mode(mode)
-  try:
-    yield
-  finally:
-    _TRACED_MODE[0] = before
+  return _holding(_TRACED_MODE, None if mode is None else check_mode(mode))
 
 
-def enabled(mode: str = None) -> bool:
+def enabled(mode: Optional[str] = None) -> bool:
   """True when decoding on the CPU backend in kernel mode `mode` (None: default_mode()) can
   use the packed kernel and the row kernels: any mode but 'xla', where they build."""
   if jax.default_backend() != 'cpu':
@@ -249,7 +242,7 @@ def enabled(mode: str = None) -> bool:
   return ok
 
 
-def bf16_panels(mode: str = None) -> bool:
+def bf16_panels(mode: Optional[str] = None) -> bool:
   """Whether weights that bfloat16 holds exactly are packed as bfloat16 panels (the same
   products, half the bytes): in mode 'packed' (None: default_mode()), not 'packed_f32'."""
   return check_mode(mode or default_mode()) == 'packed'
