@@ -16,6 +16,7 @@ import gin
 import pytest
 from conftest import train_tiny_spm
 
+from specdec_t5x.algorithm import cpu_kernels
 from specdec_t5x.integration import demo, infer, run_dir, tasks, vocab_check
 
 pytestmark = pytest.mark.slow  # the runner end to end
@@ -23,6 +24,8 @@ pytestmark = pytest.mark.slow  # the runner end to end
 REPO = pathlib.Path(__file__).resolve().parents[1]
 OUTPUT = 'demo_ende-predict_with_aux.jsonl-00000-of-00001'  # mode: T5X's default
 BASELINE = 'demo_ende-predict_with_aux-baseline.jsonl-00000-of-00001'
+# A kernel mode other than the one the finished run decoded in (the default).
+OTHER_KERNEL_MODE = 'xla' if cpu_kernels.default_mode() != 'xla' else 'packed'
 
 
 @pytest.fixture(autouse=True)
@@ -94,8 +97,9 @@ def test_metrics_record_the_settings_and_seed(finished):
       'config.gin', BASELINE, OUTPUT, 'metrics.json']
 
 
-@pytest.mark.parametrize('flag,changed', [('--gin.GAMMA=5', 'gamma'),
-                                          ('--gin.infer.decode_seed=7', 'decode_seed')])
+@pytest.mark.parametrize('flag,changed', [
+    ('--gin.GAMMA=5', 'gamma'), ('--gin.infer.decode_seed=7', 'decode_seed'),
+    (f"--gin.config.DecodeConfig.cpu_kernels='{OTHER_KERNEL_MODE}'", 'cpu_kernels')])
 def test_finished_run_with_other_settings_is_refused(finished, flag, changed):
   out, _ = finished
   before = {p.name: p.read_bytes() for p in out.iterdir()}

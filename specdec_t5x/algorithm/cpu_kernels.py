@@ -51,6 +51,7 @@ import importlib.resources
 import logging
 import os
 import platform
+import shutil
 import subprocess
 import tempfile
 from typing import Optional, Tuple
@@ -87,6 +88,10 @@ def _cpu_has_avx2_fma() -> bool:
   return 'avx2' in flags and 'fma' in flags
 
 
+def _cpu_runs_kernels() -> bool:
+  return platform.machine().lower() in ('x86_64', 'amd64') and _cpu_has_avx2_fma()
+
+
 @contextlib.contextmanager
 def _locked(path: str):
   with open(path, 'a', encoding='utf-8') as lock:
@@ -97,14 +102,20 @@ def _locked(path: str):
       fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def _library_path() -> str:
+  """Where build() puts the library of this source, jaxlib, compiler and flags."""
+  cxx = os.environ.get('CXX', 'g++')
+  key = hashlib.sha256(_SOURCE.read_bytes() + jax.__version__.encode()
+                       + ' '.join((cxx,) + _FLAGS).encode())
+  return os.path.join(_cache_dir(), f'cpu_kernels-{key.hexdigest()[:16]}.so')
+
+
 def build() -> str:
   """Compiles cpu_kernels.cc (once per source, jaxlib and flags) -> the shared library path."""
-  source = _SOURCE.read_bytes()
   cxx = os.environ.get('CXX', 'g++')
-  key = hashlib.sha256(source + jax.__version__.encode() + ' '.join((cxx,) + _FLAGS).encode())
-  out_dir = _cache_dir()
+  path = _library_path()
+  out_dir = os.path.dirname(path)
   os.makedirs(out_dir, exist_ok=True)
-  path = os.path.join(out_dir, f'cpu_kernels-{key.hexdigest()[:16]}.so')
   with _locked(path + '.lock'):
     if not os.path.exists(path):
       fd, tmp = tempfile.mkstemp(suffix='.so', dir=out_dir)
@@ -123,7 +134,7 @@ def build() -> str:
 @functools.lru_cache(maxsize=None)
 def _status() -> Tuple[bool, str]:
   """(usable, why not / the library path); builds and registers the kernel the first time."""
-  if platform.machine().lower() not in ('x86_64', 'amd64') or not _cpu_has_avx2_fma():
+  if not _cpu_runs_kernels():
     return False, 'the CPU is not x86-64 with AVX2 and FMA'
   try:
     path = build()
@@ -240,6 +251,18 @@ def enabled(mode: Optional[str] = None) -> bool:
   if not ok:
     _log_once(why)
   return ok
+
+
+def needs_build(mode: Optional[str] = None) -> bool:
+  """Whether `enabled(mode)` would now compile cpu_kernels.cc (seconds; once per source,
+  jaxlib and compiler): on the CPU backend, in a mode that uses the kernels, on a CPU that
+  runs them, with the compiler present and no library built for them in the cache yet.
+  Builds nothing: a command-line runner asks, to say so before the pause."""
+  if jax.default_backend() != 'cpu' or check_mode(mode or default_mode()) == 'xla':
+    return False
+  if not _cpu_runs_kernels() or shutil.which(os.environ.get('CXX', 'g++')) is None:
+    return False
+  return not os.path.exists(_library_path())
 
 
 def bf16_panels(mode: Optional[str] = None) -> bool:

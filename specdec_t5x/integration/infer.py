@@ -12,7 +12,10 @@ example {"inputs": {..._pretokenized}, "prediction": text, "aux": per-example st
 device). Results go to chunk files under `tmp-{task}-{shard}-of-{n}/` every
 `checkpoint_period` batches, recorded in `progress.json` (temp file + rename); a rerun
 with the same output_dir resumes after the last completed chunk, and the final file is
-assembled atomically, so an interrupted run loses and duplicates nothing.
+assembled atomically, so an interrupted run loses and duplicates nothing. It prints
+(infer_output.print_summary) the results, where the files are and, for a finished run
+reused, that nothing was decoded and how to decode again; on stderr a line before the
+pauses of a first run (the CPU kernels' build, compiling).
 
 Gin files and their includes are found relative to the current directory or
 --gin_search_paths, as T5X finds them: run from the repository root. The batch loop and
@@ -83,7 +86,8 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
       neither run (the first of each input shape).
     overwrite: replace what output_dir holds for this task and shard when it was made
       with other settings (otherwise refused, finished or not). A run with the same
-      settings is never discarded: it resumes, or, finished, is returned undecoded.
+      settings is never discarded: it resumes, or, finished, is returned undecoded (and
+      its summary reprinted, saying so).
 
   Every argument is checked first (infer_checks: checkpoint_period >= 1, 0 <= shard_id <
   num_shards, lengths >= 1, output_dir a directory or absent, gamma <= the decode length,
@@ -139,8 +143,8 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
       tmp_dirs=(f'tmp-{name}-{shard_id:05}-of-{num_shards:05}',
                 f'tmp-{name}-baseline-{shard_id:05}'))
   if finished is not None:  # Same settings, already done: nothing to decode.
-    if 'baseline' in finished and jax.process_index() == 0:
-      infer_output.print_summary(finished)
+    if jax.process_index() == 0:
+      infer_output.print_summary(finished, output_dir, metrics_name, reused=True)
     return finished if jax.process_index() == 0 else {}
   store = ChunkStore(os.path.join(output_dir, f'tmp-{name}-{shard_id:05}-of-{num_shards:05}'),
                      output_fname, fingerprint)
@@ -158,6 +162,8 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
   resumed = num_chunks - len(todo)
 
   if todo:
+    # First use builds the kernels (even restoring a draft may trace them): say so first.
+    infer_output.build_cpu_kernels(model.decode_config.cpu_kernels)
     params = model.restore_target(restore_checkpoint_cfg.path, restore_checkpoint_cfg.dtype,
                                   fallback_init_rng)
     model.restore_draft(restore_checkpoint_cfg.dtype, fallback_init_rng)
@@ -169,6 +175,8 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
     runner = BatchRunner(model, params, partitioner, vocab, lengths['inputs'], max_len, rng)
     base_runner = base_model and BatchRunner(base_model, params, partitioner, vocab,
                                              lengths['inputs'], max_len, rng)
+    programs = 'speculative and baseline decode programs' if base_runner else 'decode program'
+    infer_output.note(f'compiling the {programs} (at the first batch of each input length)...')
     bar = tqdm(total=num_batches, initial=resumed * period, desc=name, unit='batch')
     for chunk in todo:
       lines: List[str] = []
@@ -208,13 +216,13 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
     base_store.assemble(num_chunks, base_path)
     # Batch by batch, over the batches that compiled in neither run (same inputs).
     infer_output.add_baseline(metrics, task, base_path, base_store.total(num_chunks), total)
-    infer_output.print_summary(metrics)
   # metrics.json first: a kill before the tmp dirs are gone leaves a finished run (the
   # rerun returns it), never a run without its chunks.
   run_dir.write_atomic(os.path.join(output_dir, metrics_name), json.dumps(metrics, indent=1))
   for tmp_store in (base_store, store):
     if tmp_store is not None:
       shutil.rmtree(tmp_store.tmp_dir, ignore_errors=True)
+  infer_output.print_summary(metrics, output_dir, metrics_name)
   return metrics
 
 

@@ -1,17 +1,19 @@
 """What the inference runner writes and prints (integration/infer.py): one jsonl line per
 example, the task's metrics over the final file, metrics.json's contents (speculative and
-baseline) and the demo's summary lines."""
+baseline), the summary it prints and its notes on a first run's pauses."""
 
 from __future__ import annotations
 
 import json
 import os
+import sys
+import time
 from typing import Any, Dict, Mapping, Optional
 
 import jax
 import numpy as np
 
-from specdec_t5x.algorithm import stats, timing
+from specdec_t5x.algorithm import cpu_kernels, stats, timing
 from specdec_t5x.integration import run_dir
 
 PER_BATCH = 'warm_batch_seconds'  # [[batch index, seconds], ...] of batches not compiling
@@ -91,16 +93,52 @@ def add_baseline(metrics: Dict[str, Any], task: Any, base_path: str,
   metrics['walltime_speedup_stats'] = speed
 
 
-def print_summary(m: Mapping[str, Any]) -> None:
-  """The demo's few lines: quality, acceptance and speed, speculative vs baseline."""
+def note(message: str, end: str = '\n') -> None:
+  """A line on what the runner is doing, not a result: to stderr, beside the progress
+  bar (results go to stdout); process 0 only."""
+  if jax.process_index() == 0:
+    print(message, end=end, file=sys.stderr, flush=True)
+
+
+def build_cpu_kernels(mode: str) -> None:
+  """Builds the CPU decode kernels now, saying so, when decoding in kernel mode `mode`
+  would (cpu_kernels.needs_build: the first run after an install or an upgrade)."""
+  if not cpu_kernels.needs_build(mode):
+    return
+  note('building the CPU decode kernels (once, ~5 s)...', end='')
+  tick = time.perf_counter()
+  built = cpu_kernels.enabled(mode)  # a failure is logged once, with its reason
+  note(f' done ({time.perf_counter() - tick:.1f} s)' if built else " failed: XLA's ops are used")
+
+
+def print_summary(m: Mapping[str, Any], output_dir: str, metrics_name: str = 'metrics.json',
+                  reused: bool = False) -> None:
+  """The run's few lines on stdout: quality, acceptance and (with a baseline) speed, and
+  where the files are; for a finished run `reused` (nothing decoded), that it was, and how
+  to decode again."""
   def fmt(scores):
-    return ', '.join(f'{k} {v:.2f}' for k, v in (scores or {}).items())
-  print(f"{m['task']}: speculative [{fmt(m.get('metrics'))}] vs baseline "
-        f"[{fmt(m['baseline'].get('metrics'))}]")
-  choice = m.get('gamma_choice')
-  gamma = (f"{choice['gamma']} (auto: alpha {choice['alpha']:.2f}, c {choice['c']:.2f})"
-           if choice else m.get('gamma'))
-  print(f"alpha {m.get('alpha_empirical') or 0:.3f}, "
-        f"{m.get('mean_tokens_per_target_call') or 0:.2f} tokens per target call, gamma "
-        f"{gamma}")
-  print(f"walltime speedup {timing.format_speedup(m.get('walltime_speedup_stats'))}")
+    return ', '.join(f'{k} {v:.2f}' for k, v in scores.items()) if scores else 'no targets'
+  if reused:
+    when = time.strftime('%Y-%m-%d %H:%M', time.localtime(
+        os.path.getmtime(os.path.join(output_dir, metrics_name))))
+    print(f'reused the run finished in {output_dir} at {when} (same settings and inputs; '
+          'nothing decoded):')
+  speculative, base = m.get('speculative', True), m.get('baseline')
+  print(f"{m['task']}: {'speculative' if speculative else 'autoregressive'} "
+        f"[{fmt(m.get('metrics'))}]" + (f" vs baseline [{fmt(base['metrics'])}]" if base else ''))
+  if speculative:
+    choice = m.get('gamma_choice')
+    gamma = (f"{choice['gamma']} (auto: alpha {choice['alpha']:.2f}, c {choice['c']:.2f})"
+             if choice else m.get('gamma'))
+    print(f"alpha {m.get('alpha_empirical') or 0:.3f}, "
+          f"{m.get('mean_tokens_per_target_call') or 0:.2f} tokens per target call, gamma "
+          f"{gamma}")
+  if base:
+    print(f"walltime speedup {timing.format_speedup(m.get('walltime_speedup_stats'))}")
+  files = [metrics_name, 'config.gin', m['predictions_file']] + (
+      [base['predictions_file']] if base else [])
+  files = [f for f in files if os.path.isfile(os.path.join(output_dir, f))]
+  print(f"outputs in {output_dir}: {', '.join(files)}")
+  if reused:
+    print(f'to decode again: delete {output_dir} (or its {metrics_name}), or pass another '
+          '--gin.INFER_OUTPUT_DIR')
