@@ -1,7 +1,7 @@
 """Shared tiny models for the tests (hermetic: random weights made here), and the `slow`
 marker: `pytest -m "not slow"` leaves out the end-to-end runs (runners, training, T5X's
-infer, fine-tuning, Hugging Face, the demo checkpoints) and keeps the exactness and unit
-tests; README command 2 and .ci/run run everything.
+infer, fine-tuning, Hugging Face, the demo checkpoints, checks of speed rather than
+exactness) and keeps the exactness and unit tests; README command 2 and .ci/run run everything.
 
 SPECDEC_REQUIRE_T5X=1 (set by .ci/run where it installs T5X): a test or test module that
 would be skipped for a missing T5X-stack module (its skip reason names one of T5X_STACK)
@@ -25,8 +25,8 @@ from specdec_t5x.algorithm.network import T5Config, Transformer
 
 def pytest_configure(config):
   config.addinivalue_line(
-      'markers', 'slow: an end-to-end run (subprocess, runner, training) or a results '
-      'table\'s tooling; deselect with -m "not slow" for the exactness and unit tests alone')
+      'markers', 'slow: an end-to-end run (subprocess, runner, training), a results '
+      'table\'s tooling or a check of speed, not exactness; deselect with -m "not slow" for the exactness and unit tests alone')
   config.addinivalue_line(
       'markers', 'timing: asserts on wall-clock timings, so it runs alone: the README\'s test '
       'command runs these after the others, not beside a second worker (two workers on two '

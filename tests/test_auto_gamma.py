@@ -17,6 +17,8 @@ from specdec_t5x.algorithm import api, auto_gamma, timing
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.integration import infer, models, tasks
 
+pytestmark = pytest.mark.slow  # gamma chosen for speed: not an exactness guard
+
 ENC = random_inputs(1, 16, 40, seed=5, min_len=8)
 
 

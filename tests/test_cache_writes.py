@@ -29,7 +29,7 @@ def fresh_programs(monkeypatch):
   monkeypatch.setattr(api, '_COMPILED', collections.OrderedDict())
 
 
-@pytest.mark.parametrize('draft', [None, 'model draft', 'feature head'])
+@pytest.mark.parametrize('draft', [None, 'feature head'])  # the target's extend, the head's
 def test_caches_too_small_are_reported_and_raised(models, draft, fresh_programs, monkeypatch):
   target, enc = models['target'], random_inputs(3, 7, VOCAB, seed=2)
   drafted = None if draft is None else models[draft]

@@ -17,6 +17,8 @@ from specdec_t5x.algorithm import api, layers, network
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.research import hlo_loops
 
+pytestmark = pytest.mark.slow  # audits for speed: not an exactness guard
+
 
 _CHILD = textwrap.dedent('''
     import json

@@ -46,7 +46,7 @@ def test_fallback_draft_is_used_without_a_match():
   assert nxt[0, 1] == np.argmax(table[3]) and nxt[0, 2] == 6
 
 
-@pytest.mark.parametrize('batch', [1, 4])
+@pytest.mark.parametrize('batch', [4])  # rows of different lengths; batch 1: the other drafts
 def test_greedy_copy_speculative_equals_greedy_target(target_and_draft, batch):
   target, draft = target_and_draft
   drafts = {'copy': (CopyDraft(40), {}),

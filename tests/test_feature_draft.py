@@ -116,7 +116,7 @@ def replay_accepted(passes, tokens, gamma, max_len, draft_vocab=()):
   return np.array(out)
 
 
-@pytest.mark.parametrize('gamma', [1, 2, 4])
+@pytest.mark.parametrize('gamma', [1, 4])
 def test_greedy_acceptances_replay_the_teacher_forced_passes(models, gamma):
   target, head = models
   enc = random_inputs(4, 6, 8, seed=5)
@@ -129,8 +129,8 @@ def test_greedy_acceptances_replay_the_teacher_forced_passes(models, gamma):
   np.testing.assert_array_equal(np.asarray(out.stats['accepted_tokens']), expected)
 
 
-@pytest.mark.parametrize('batch', [1, 4])
-@pytest.mark.parametrize('policy', ['fixed', 'confidence', 'running_alpha'])
+@pytest.mark.parametrize('batch,policy', [(1, 'fixed'), (4, 'fixed'), (4, 'confidence'),
+                                          (4, 'running_alpha')])
 def test_greedy_equals_autoregressive(target_and_draft, batch, policy):
   target = target_and_draft[0]
   head = make_head(target[1], 40)
@@ -163,7 +163,7 @@ def dist_models():
   return target, make_head(target[1], td.VOCAB, seed=12)
 
 
-@pytest.mark.parametrize('cfg', td.CASES, ids=['t1', 't0.6', 'topk3', 'topp0.7'])
+@pytest.mark.parametrize('cfg', td.CASES[1::2], ids=['t0.6', 'topp0.7'])  # t1, top-k: below
 def test_sampling_matches_exact_target_distribution(dist_models, cfg):
   target, head = dist_models
   exact = td.exact_probabilities(target, td.ENC, cfg)
@@ -236,7 +236,7 @@ def test_draft_distributions_over_a_reduced_vocabulary_widen_with_zeros_elsewher
   np.testing.assert_allclose(q_top, jax.nn.softmax(logits), rtol=1e-6)
 
 
-@pytest.mark.parametrize('batch,policy', [(1, 'fixed'), (4, 'fixed'), (4, 'confidence')])
+@pytest.mark.parametrize('batch,policy', [(1, 'fixed'), (4, 'confidence')])
 def test_greedy_with_a_reduced_draft_vocabulary_equals_autoregressive(target_and_draft, batch,
                                                                       policy):
   target = target_and_draft[0]
@@ -252,9 +252,8 @@ def test_greedy_with_a_reduced_draft_vocabulary_equals_autoregressive(target_and
 
 
 @pytest.mark.parametrize('cfg,verifier', [
-    (td.CASES[0], 'token'), (td.CASES[1], 'token'), (td.CASES[2], 'token'),
-    (td.CASES[3], 'token'), (sampling.SamplingConfig(1.0, topk=2), 'token'),
-    (td.CASES[0], 'block')], ids=['t1', 't0.6', 'topk3', 'topp0.7', 'topk2', 'block'])
+    (td.CASES[0], 'token'), (td.CASES[3], 'token'), (sampling.SamplingConfig(1.0, topk=2), 'token'),
+    (td.CASES[0], 'block')], ids=['t1', 'topp0.7', 'topk2', 'block'])
 def test_sampling_with_a_reduced_draft_vocabulary_matches_exact_distribution(
     dist_models, cfg, verifier):
   """Ids 2 and 4 are never drafted: only the residual can emit them (top-k 5 exceeds the
