@@ -14,11 +14,13 @@ import logging
 from typing import Any, Callable, Optional, Tuple
 import weakref
 
+from flax import traverse_util
 import flax.struct
 import jax
 import jax.numpy as jnp
 
-from specdec_t5x.algorithm import checks, cpu_kernels, decoding, feature_draft, layers, network
+from specdec_t5x.algorithm import (checks, cpu_bf16, cpu_kernels, decoding, feature_draft,
+                                   layers, network)
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.algorithm.stats import DecodeStats
 
@@ -65,7 +67,8 @@ def decode_variables(module, params, mode: Optional[str] = None) -> dict:
   mode; cpu_kernels.enabled), else, for tied logits, the token embedding transposed
   (network.transposed_embedding) for XLA's dot. The panels are bfloat16 where bfloat16
   holds every weight exactly (network.kernels_hold_in_bf16: a model restored from a
-  bfloat16 checkpoint) in mode 'packed', else float32.
+  bfloat16 checkpoint) in modes 'packed' and 'packed_bf16', else float32. In mode
+  'packed_bf16' a bfloat16 network's bfloat16 layers get pair panels (cpu_bf16.serves).
 
   Only concrete values are cached. Called inside an outer trace (generate under jit/pjit,
   as T5X's infer calls the model), the collection is staged into that trace even for
@@ -87,15 +90,21 @@ def decode_variables(module, params, mode: Optional[str] = None) -> dict:
       _log_sharded(spread)
     return variables
   bf16 = kind == cpu_kernels.COLLECTION and cpu_kernels.bf16_panels(mode)
-  key = (kind, bf16) + tuple(id(x) for x in leaves)  # the collection depends on the params
+  pairs = (kind == cpu_kernels.COLLECTION and isinstance(module, network.Transformer)
+           and cpu_bf16.serves(mode, module.config.dtype))  # its bfloat16 layers: vdpbf16ps
+  key = (kind, bf16, pairs) + tuple(id(x) for x in leaves)  # depends on the params
   hit = _PACKED.get(key)
   if hit is None or any(ref() is not x for ref, x in zip(hit[0], leaves)):
-    make = _MAKE[kind]
+    make, rest = _MAKE[kind], _without_pair_layers(params) if pairs else params
     if bf16:  # bitwise the same products, half the bytes per call
-      holds = _HOLDS_IN_BF16(params)  # a tracer inside a trace: float32 panels there
+      holds = _HOLDS_IN_BF16(rest)  # a tracer inside a trace: float32 panels there
       if not _is_traced(holds) and bool(holds):
         make = _MAKE_BF16
-    made = make(params)
+    if pairs and make is _MAKE_BF16:  # the float32 layers hold bfloat16 values: pairs too
+      made = _with_pair_layers({}, params, float32_layers=True)
+    else:
+      made = make(rest)
+      made = _with_pair_layers(made, params) if pairs else made
     if any(_is_traced(x) for x in jax.tree_util.tree_leaves((made, params))):
       return dict(variables, **{kind: made})  # inside a trace
     try:
@@ -113,6 +122,34 @@ _MAKE = {cpu_kernels.COLLECTION: jax.jit(network.decode_kernels),
          layers.TRANSPOSED: jax.jit(network.transposed_embedding)}
 _MAKE_BF16 = jax.jit(functools.partial(network.decode_kernels, bf16=True))
 _HOLDS_IN_BF16 = jax.jit(network.kernels_hold_in_bf16)
+_PACK_PAIRS = jax.jit(cpu_bf16.pack_pairs)
+
+
+def _pair_layers(params, float32_layers: bool = False) -> dict:
+  """{flat path: [K, N] weight} of a bfloat16 network's bfloat16 Dense layers: all but the
+  float32 `logits_dense` (mode 'packed_bf16', cpu_bf16.py); with `float32_layers` (weights
+  bfloat16 holds exactly, bfloat16 inputs: the same products, in pair order) that and the
+  tied embedding (transposed) too."""
+  flat = traverse_util.flatten_dict(params)
+  out = {path: w for path, w in flat.items() if path[-1] == 'kernel' and w.ndim == 2
+         and (float32_layers or 'logits_dense' not in path)}
+  embedding = flat.get(('token_embedder', 'embedding'))
+  if float32_layers and embedding is not None and not any('logits_dense' in p for p in flat):
+    out[('token_embedder', 'embedding')] = embedding.T
+  return out
+
+
+def _without_pair_layers(params) -> dict:
+  flat, skip = traverse_util.flatten_dict(params), _pair_layers(params)
+  return traverse_util.unflatten_dict({p: w for p, w in flat.items() if p not in skip})
+
+
+def _with_pair_layers(made, params, float32_layers: bool = False) -> dict:
+  """The packed collection `made` plus pair panels (_pair_layers)."""
+  flat = traverse_util.flatten_dict(made) if made else {}
+  flat.update({path: _PACK_PAIRS(w)
+               for path, w in _pair_layers(params, float32_layers).items()})
+  return traverse_util.unflatten_dict(flat)
 
 
 def _decode_collection(module, mode: Optional[str]) -> Optional[str]:

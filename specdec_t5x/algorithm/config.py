@@ -97,8 +97,9 @@ class DecodeConfig:
     lenience: l in (0, 1]; l < 1 is the paper's LOSSY relaxation (token verifier only).
     cpu_kernels: on the CPU backend, which kernels the decode path runs
       (cpu_kernels.MODES): 'packed' (the packed matmul and row kernels, bfloat16 panels
-      where bfloat16 holds the weights exactly), 'packed_f32' (float32 panels only) or
-      'xla' (XLA's ops only); None (the default) takes $SPECDEC_CPU_KERNELS's mode
+      where bfloat16 holds the weights exactly), 'packed_f32' (float32 panels only),
+      'xla' (XLA's ops only) or 'packed_bf16' ('packed', and a bfloat16 network's bfloat16
+      layers with vdpbf16ps: cpu_bf16.py); None (the default) takes $SPECDEC_CPU_KERNELS's mode
       (cpu_kernels.default_mode, read once). Stored resolved: it is part of the compiled
       program's key and of a run's identity. Other backends ignore it.
   """

@@ -68,6 +68,7 @@ _TARGET_ARGMAX = 'specdec_row_argmax'
 _TARGET_SOFTMAX = 'specdec_row_softmax'
 _TARGET_SAMPLE = 'specdec_row_sample'
 _TARGET_ATTENTION = 'specdec_cached_attention'
+TARGET_DP = 'specdec_panel_matmul_dp'  # vdpbf16ps over pair panels (cpu_bf16.py)
 _SOURCE = importlib.resources.files('specdec_t5x.algorithm').joinpath('cpu_kernels.cc')
 _FLAGS = ('-O3', '-mavx2', '-mfma', '-std=c++17', '-shared', '-fPIC')
 
@@ -150,7 +151,8 @@ def _status() -> Tuple[bool, str]:
   for target, symbol in ((_TARGET_ARGMAX, lib.SpecdecRowArgmax),
                          (_TARGET_SOFTMAX, lib.SpecdecRowSoftmax),
                          (_TARGET_SAMPLE, lib.SpecdecRowSample),
-                         (_TARGET_ATTENTION, lib.SpecdecCachedAttention)):
+                         (_TARGET_ATTENTION, lib.SpecdecCachedAttention),
+                         (TARGET_DP, lib.SpecdecPanelMatmulDp)):
     jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(symbol), platform='cpu')
   return True, path
 
@@ -194,10 +196,12 @@ def row_kernel() -> bool:
 #   'packed': the packed matmul and row kernels; bfloat16 panels for weights bfloat16 holds
 #     exactly (the same products, half the bytes);
 #   'packed_f32': the same with float32 panels for every weight (for comparisons);
-#   'xla': none of them: XLA's ops.
-MODES = ('packed', 'packed_f32', 'xla')
-ENV = 'SPECDEC_CPU_KERNELS'  # the default mode: 1 (or unset) packed, f32 packed_f32, 0 xla
-_ENV_MODES = {'1': 'packed', 'f32': 'packed_f32', '0': 'xla'}
+#   'xla': none of them: XLA's ops;
+#   'packed_bf16': 'packed', and for bfloat16 networks their bfloat16 layers with vdpbf16ps
+#     (bfloat16 x bfloat16 -> float32, cpu_bf16.py) where the CPU has AVX-512 BF16.
+MODES = ('packed', 'packed_f32', 'xla', 'packed_bf16')
+ENV = 'SPECDEC_CPU_KERNELS'  # the default mode: 1 (or unset) packed, f32, 0 xla, bf16
+_ENV_MODES = {'1': 'packed', 'f32': 'packed_f32', '0': 'xla', 'bf16': 'packed_bf16'}
 
 
 def default_mode() -> str:
@@ -212,7 +216,7 @@ def _env_mode() -> str:
   value = os.environ.get(ENV, '1')
   if value not in _ENV_MODES:
     raise ValueError(f'{ENV} must be one of {sorted(_ENV_MODES)} (1: packed, f32: '
-                     f'packed_f32, 0: xla), got {value!r}.')
+                     f'packed_f32, 0: xla, bf16: packed_bf16), got {value!r}.')
   return _ENV_MODES[value]
 
 
@@ -267,8 +271,8 @@ def needs_build(mode: Optional[str] = None) -> bool:
 
 def bf16_panels(mode: Optional[str] = None) -> bool:
   """Whether weights that bfloat16 holds exactly are packed as bfloat16 panels (the same
-  products, half the bytes): in mode 'packed' (None: default_mode()), not 'packed_f32'."""
-  return check_mode(mode or default_mode()) == 'packed'
+  products, half the bytes): in modes 'packed' and 'packed_bf16' (None: default_mode())."""
+  return check_mode(mode or default_mode()) in ('packed', 'packed_bf16')
 
 
 @functools.lru_cache(maxsize=None)

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import cpu_kernels
+from specdec_t5x.algorithm import cpu_bf16, cpu_kernels
 
 NUM_BUCKETS = 32  # T5's relative-position buckets ...
 MAX_DISTANCE = 128  # ... log-spaced up to this distance.
@@ -105,6 +105,8 @@ class Dense(nn.Module):
     kernel = _param(self, 'kernel', self.kernel_init, (x.shape[-1], self.features),
                     self.kernel_axes)
     packed = self.has_variable(cpu_kernels.COLLECTION, 'kernel')
+    if packed and cpu_bf16.is_pairs(pairs := self.get_variable(cpu_kernels.COLLECTION, 'kernel')):
+      return cpu_bf16.layer(x, pairs, self.features, self.dtype)  # a bfloat16 network
     if packed and jnp.dtype(self.dtype) == jnp.float32:  # dtype may be a name ('float32')
       return cpu_kernels.matmul(x, self.get_variable(cpu_kernels.COLLECTION, 'kernel'),
                                 self.features)
@@ -361,6 +363,8 @@ class Embed(nn.Module):
     transposed once outside the decode loop.
     """
     if self.has_variable(cpu_kernels.COLLECTION, 'embedding'):
+      if cpu_bf16.is_pairs(pairs := self.get_variable(cpu_kernels.COLLECTION, 'embedding')):
+        return cpu_bf16.layer(query, pairs, self.num_embeddings, jnp.float32)
       return cpu_kernels.matmul(query, self.get_variable(cpu_kernels.COLLECTION, 'embedding'),
                                 self.num_embeddings)
     if self.has_variable(TRANSPOSED, 'embedding'):

@@ -1,0 +1,194 @@
+"""The bfloat16 x bfloat16 -> float32 kernel of mode 'packed_bf16' (algorithm/cpu_bf16.py,
+cpu_kernels.cc PanelMatmulDp)."""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import make_model, random_inputs, run_child, tiny_config
+from specdec_t5x.algorithm import api, cpu_bf16, cpu_kernels, layers
+from specdec_t5x.algorithm.api import generate
+
+pytestmark = pytest.mark.skipif(
+    not cpu_bf16._cpu_has_dpbf16() or not cpu_kernels._status()[0],  # pylint: disable=protected-access
+    reason='the bfloat16 CPU matmul needs AVX-512 BF16 and the packed kernels')
+
+_MATMUL = jax.jit(cpu_bf16.matmul, static_argnums=2)
+
+
+def _bf16(a):
+  """float64 copies of the bfloat16 values of `a` (what the kernel reads)."""
+  return np.asarray(jnp.asarray(a, jnp.float32).astype(jnp.bfloat16).astype(jnp.float32),
+                    np.float64)
+
+
+def _reference(x, w, odd_first=True):
+  """x [M, K] @ w [K, N] as vdpbf16ps chains: per pair i from zero, in order, two float32
+  FMAs, x[2i+1] w[2i+1] first, then x[2i] w[2i]. A bfloat16 product is exact in float64 and
+  float64 (53 >= 2 * 24 + 2 bits) rounds the FMA's sum to float32 as one rounding would, so
+  this is bitwise the FMA (no denormals arise from these values)."""
+  xb, wb = _bf16(x), _bf16(w)
+  acc = np.zeros((x.shape[0], w.shape[1]), np.float32)
+  for i in range(-(-x.shape[1] // 2)):
+    pair = (2 * i + 1, 2 * i) if odd_first else (2 * i, 2 * i + 1)
+    for k in pair:
+      if k < x.shape[1]:
+        acc = (xb[:, k:k + 1] * wb[k:k + 1] + acc.astype(np.float64)).astype(np.float32)
+  return acc
+
+
+def test_pair_panels_layout():
+  w = jnp.arange(5 * 20, dtype=jnp.float32).reshape(5, 20)
+  q = np.asarray(cpu_bf16.pack_pairs(w).astype(jnp.float32))
+  assert q.shape == (2, 3, 32)
+  for j, i, c, h in np.ndindex(2, 3, 16, 2):
+    k, n = 2 * i + h, 16 * j + c
+    assert q[j, i, 2 * c + h] == (w[k, n] if k < 5 and n < 20 else 0)
+
+
+@pytest.mark.parametrize('k,n', [(2, 1), (5, 1), (64, 15), (64, 17), (384, 100), (128, 1000)])
+def test_matches_the_pair_order_reference_bitwise(k, n):
+  rng = np.random.default_rng(k * 1000 + n)
+  x = rng.standard_normal((3, k)).astype(np.float32)
+  w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+  y = np.asarray(_MATMUL(jnp.asarray(x), cpu_bf16.pack_pairs(jnp.asarray(w)), n))
+  np.testing.assert_array_equal(y, _reference(x, w))
+  if k >= 64:  # the order is observable: even-first chains differ somewhere
+    assert not np.array_equal(y, _reference(x, w, odd_first=False))
+
+
+def test_rows_are_bitwise_those_of_one_row_calls():
+  """1..18 rows: every tile shape and row group, several panel chunks (30 panels)."""
+  rng = np.random.default_rng(0)
+  k, n = 384, 470
+  w = cpu_bf16.pack_pairs(jnp.asarray(rng.standard_normal((k, n)) / 20, jnp.float32))
+  x = jnp.asarray(rng.standard_normal((18, k)), jnp.float32)
+  alone = np.concatenate([np.asarray(_MATMUL(x[r:r + 1], w, n)) for r in range(18)])
+  for rows in range(1, 19):
+    np.testing.assert_array_equal(np.asarray(_MATMUL(x[:rows], w, n)), alone[:rows])
+
+
+def test_leading_dimensions_and_bad_shapes():
+  rng = np.random.default_rng(1)
+  w = jnp.asarray(rng.standard_normal((32, 20)), jnp.float32)
+  x = jnp.asarray(rng.standard_normal((2, 3, 32)), jnp.float32)
+  q = cpu_bf16.pack_pairs(w)
+  y = _MATMUL(x, q, 20)
+  assert y.shape == (2, 3, 20) and y.dtype == jnp.float32
+  np.testing.assert_array_equal(np.asarray(y).reshape(6, 20), _reference(x.reshape(6, 32), w))
+  with pytest.raises(ValueError, match='do not make'):
+    cpu_bf16.matmul(x, q, 40)
+  with pytest.raises(ValueError, match='do not make'):
+    cpu_bf16.matmul(x[..., :30], q, 20)
+
+
+def test_dense_rounds_the_float32_sums_to_bfloat16_near_xla():
+  """A bfloat16 Dense with pair panels: bfloat16 out, within one bfloat16 step of XLA's."""
+  rng = np.random.default_rng(2)
+  dense = layers.Dense(48, jnp.bfloat16)
+  x = jnp.asarray(rng.standard_normal((4, 64)), jnp.bfloat16)
+  params = dense.init(jax.random.PRNGKey(0), x)['params']
+  packed = {cpu_kernels.COLLECTION: {'kernel': cpu_bf16.pack_pairs(params['kernel'])}}
+  ours = dense.apply({'params': params, **packed}, x)
+  xla = dense.apply({'params': params}, x)
+  assert ours.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(ours, _reference(x, params['kernel']).astype(jnp.bfloat16))
+  np.testing.assert_allclose(np.asarray(ours, np.float32), np.asarray(xla, np.float32),
+                             rtol=2 ** -7, atol=1e-6)
+
+
+def _paths(variables, pairs=True):
+  """keystr paths of the packed collection's pair panels (`pairs`) or other panels."""
+  flat = jax.tree_util.tree_flatten_with_path(variables.get(cpu_kernels.COLLECTION, {}))[0]
+  return {jax.tree_util.keystr(p) for p, v in flat if cpu_bf16.is_pairs(v) == pairs}
+
+
+@pytest.fixture(scope='module')
+def bf16_models():
+  target = make_model(tiny_config(dtype=jnp.bfloat16), seed=0, logit_scale=3.0)
+  draft = make_model(tiny_config(emb=16, layers=1, dtype=jnp.bfloat16), seed=1, logit_scale=3.0)
+  return target, draft
+
+
+def test_only_bf16_networks_in_mode_packed_bf16_get_pair_panels(bf16_models):
+  (module, params), _ = bf16_models
+  variables = api.decode_variables(module, params, 'packed_bf16')
+  assert len(_paths(variables)) == 2 * (4 + 3) + 2 * (4 + 4 + 3)  # encoder, decoder layers
+  assert _paths(variables, pairs=False) == {"['decoder']['logits_dense']['kernel']"}  # float32
+  assert not _paths(api.decode_variables(module, params, 'packed'))
+  f32_module, f32_params = make_model(tiny_config(), seed=0)
+  assert not _paths(api.decode_variables(f32_module, f32_params, 'packed_bf16'))
+
+
+def _bf16_valued(params):
+  """The params as restored from a bfloat16 checkpoint (float32 holding bfloat16 values)."""
+  return jax.tree_util.tree_map(lambda w: w.astype(jnp.bfloat16).astype(jnp.float32), params)
+
+
+@pytest.mark.parametrize('tied', [False, True])
+def test_float32_logits_join_the_pairs_when_bfloat16_holds_their_weights(tied):
+  """Restored from a bfloat16 checkpoint, the logits (Dense or tied embedding) run on pair
+  panels too, and greedy speculative decoding still gives the target's tokens."""
+  target = make_model(tiny_config(v11=not tied, dtype=jnp.bfloat16), seed=2, logit_scale=3.0)
+  target = (target[0], _bf16_valued(target[1]))
+  draft = make_model(tiny_config(emb=16, layers=1, v11=not tied, dtype=jnp.bfloat16), seed=3)
+  variables = api.decode_variables(*target, 'packed_bf16')
+  assert not _paths(variables, pairs=False)
+  logits_path = "['token_embedder']['embedding']" if tied else "['decoder']['logits_dense']['kernel']"
+  assert logits_path in _paths(variables)
+  enc = random_inputs(2, 8, 40, seed=9)
+  plain = generate(target, enc, max_decode_length=10, cpu_kernels='packed_bf16')
+  for gamma in (2, 4):
+    spec = generate(target, enc, draft=draft, gamma=gamma, max_decode_length=10,
+                    cpu_kernels='packed_bf16')
+    np.testing.assert_array_equal(spec.tokens, plain.tokens)
+
+
+def test_a_float32_layer_on_pair_panels_takes_only_bfloat16_inputs():
+  q = cpu_bf16.pack_pairs(jnp.ones((8, 4), jnp.float32))
+  with pytest.raises(ValueError, match='needs bfloat16 inputs'):
+    cpu_bf16.layer(jnp.ones((1, 8), jnp.float32), q, 4, jnp.float32)
+  np.testing.assert_array_equal(cpu_bf16.layer(jnp.ones((1, 8), jnp.bfloat16), q, 4,
+                                               jnp.float32), np.full((1, 4), 8.0, np.float32))
+  rng = np.random.default_rng(3)  # exact products, summed in pair order: float32 rounding
+  x = jnp.asarray(rng.standard_normal((3, 256)), jnp.bfloat16)
+  w = _bf16(rng.standard_normal((256, 50)))
+  y = cpu_bf16.layer(x, cpu_bf16.pack_pairs(jnp.asarray(w, jnp.float32)), 50, jnp.float32)
+  np.testing.assert_allclose(y, _bf16(x) @ w, rtol=1e-5, atol=1e-5)
+
+
+def test_without_avx512_bf16_the_mode_falls_back_with_one_log_line(bf16_models, monkeypatch,
+                                                                   caplog):
+  (module, params), _ = bf16_models
+  monkeypatch.setattr(cpu_bf16, '_cpu_has_dpbf16', lambda: False)
+  cpu_bf16._log_once.cache_clear()  # pylint: disable=protected-access
+  with caplog.at_level(logging.WARNING):
+    for _ in range(2):
+      assert not _paths(api.decode_variables(module, params, 'packed_bf16'))
+  assert sum('falls back' in r.getMessage() for r in caplog.records) == 1
+  enc = random_inputs(1, 6, 40, seed=4)
+  fallback = generate((module, params), enc, max_decode_length=5, cpu_kernels='packed_bf16')
+  packed = generate((module, params), enc, max_decode_length=5, cpu_kernels='packed')
+  np.testing.assert_array_equal(fallback.tokens, packed.tokens)
+
+
+@pytest.mark.parametrize('batch', [1, 3])
+def test_greedy_speculative_equals_greedy_target_in_bfloat16(bf16_models, batch):
+  """Token for token, for several gammas: every row of a verify call is computed as a
+  one-token step computes it (the kernel's rows are independent)."""
+  target, draft = bf16_models
+  enc = random_inputs(batch, 9, 40, seed=5 + batch)
+  plain = generate(target, enc, max_decode_length=12, cpu_kernels='packed_bf16')
+  for gamma in (1, 3, 5):
+    spec = generate(target, enc, draft=draft, gamma=gamma, max_decode_length=12,
+                    cpu_kernels='packed_bf16')
+    np.testing.assert_array_equal(spec.tokens, plain.tokens)
+
+
+def test_the_environment_names_the_mode():
+  code = ('import json\nfrom specdec_t5x.algorithm.config import DecodeConfig\n'
+          "print('RESULT', json.dumps(DecodeConfig().cpu_kernels))")
+  assert run_child(code, SPECDEC_CPU_KERNELS='bf16') == 'packed_bf16'
