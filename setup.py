@@ -24,6 +24,7 @@ setup(
         "numpy",
         "msgpack",
         "tensorstore",
+        "etils[epath]",  # gs:// (and local) model files, as T5X and Orbax read them
         "tqdm",
         "sacrebleu",
         "rouge-score",
@@ -33,6 +34,9 @@ setup(
         # torch is pinned to the CPU build: an unpinned torch pulls a multi-GB CUDA build.
         # pytest-xdist: the suite runs on both cores (-n 2); -m "not slow and not timing"
         # keeps the fast set (tests/conftest.py registers the markers).
-        "test": ["pytest", "pytest-xdist", "scipy", "torch==2.13.0", "transformers", "safetensors"],
+        # gcp-storage-emulator, cryptography: a local GCS for gs:// checkpoints
+        # (tests/gcs_emulator.py, tests/test_remote_checkpoints.py).
+        "test": ["pytest", "pytest-xdist", "scipy", "torch==2.13.0", "transformers", "safetensors",
+                 "gcp-storage-emulator", "cryptography"],
     },
 )

@@ -16,8 +16,10 @@ t5x/checkpoints.py and T5X's own test checkpoints):
 * Orbax (newer T5X): `checkpoint_<step>/state/` is a PyTreeCheckpointHandler item holding
   the same state dict ({'target': ..., 'state': ...}).
 
-The tree's names and shapes (`expected_shapes`, `validate_params`) live in param_tree.py;
-Hugging Face T5 weights are converted in hf_convert.py.
+Both are read from a local path or a URL such as gs://bucket/checkpoint_N, through the
+filesystem and tensorstore drivers T5X reads with (storage.py); `save_params` writes local
+directories. The tree's names and shapes (`expected_shapes`, `validate_params`) live in
+param_tree.py; Hugging Face T5 weights are converted in hf_convert.py.
 """
 
 import json
@@ -33,6 +35,7 @@ import numpy as np
 import tensorstore as ts
 from flax import serialization, traverse_util
 
+from specdec_t5x.integration import storage
 from specdec_t5x.integration.param_tree import Params, Path, validate_params
 
 VERSION = 3
@@ -71,6 +74,9 @@ def save_params(params: Mapping[str, Any], path: str, step: int = 0,
   Returns:
     `path`.
   """
+  if storage.is_url(path):
+    raise ValueError(f'save_params writes a local directory, not {os.fspath(path)}: write it '
+                     'locally and copy it there (load_params reads either).')
   path = os.path.abspath(os.fspath(path))
   if os.path.exists(path) and not overwrite:
     raise FileExistsError(f'{path} already exists (pass overwrite=True to replace it)')
@@ -126,35 +132,38 @@ def _is_spec(node: Any) -> bool:
       'kvstore' in node or 'path' in node)
 
 
-def _local_spec(spec: Mapping[str, Any], ckpt_dir: str) -> dict[str, Any]:
-  """Turns a stored spec (relative path, any kvstore driver) into a local file spec.
+def _array_spec(spec: Mapping[str, Any], ckpt_dir: str) -> dict[str, Any]:
+  """Turns a stored spec (relative path, any kvstore driver) into one that reads the array
+  where the checkpoint is: a local file, or the checkpoint's bucket (storage.kvstore).
 
   Only arrays inside the checkpoint directory are read: T5X writes paths relative to it,
   so an absolute path or one climbing out with '..' means a damaged or hostile file.
-  A chunk file missing from an array whose fill value is null (as T5X and `save_params`
-  write every chunk) is an error rather than zeros: it is what an interrupted copy leaves.
   """
   kvstore = spec.get('kvstore') or {}
   rel = kvstore['path'] if 'path' in kvstore else spec.get('path')
   if rel is None:
     raise ValueError(f'tensorstore spec without a path: {spec}')
-  root = os.path.abspath(ckpt_dir)
-  full = os.path.normpath(os.path.join(root, rel))
-  if os.path.isabs(rel) or os.path.commonpath([root, full]) != root or full == root:
-    raise ValueError(f'array path {rel!r} is not inside the checkpoint directory {root}: '
+  full = storage.inside(ckpt_dir, rel)
+  if full is None:
+    raise ValueError(f'array path {rel!r} is not inside the checkpoint directory {ckpt_dir}: '
                      'only arrays stored in the checkpoint are read (re-export the '
                      'checkpoint, or copy the arrays into it with relative paths).')
-  out = {'driver': spec['driver'], 'kvstore': {'driver': 'file', 'path': full}}
-  if spec['driver'] in ('zarr', 'n5') and _zarr_fill_value(full) is None:
-    out['fill_missing_data_reads'] = False
-  return out
+  return {'driver': spec['driver'], 'kvstore': storage.kvstore(full)}
 
 
-def _zarr_fill_value(array_dir: str) -> Any:
-  """The fill value recorded in a zarr array's `.zarray` (None: null, or unreadable)."""
+def _read_zarray(spec: Mapping[str, Any]) -> Any:
+  """A future of the `.zarray` of a zarr (or n5) array spec, else None. A chunk missing
+  from an array whose fill value is null (T5X and `save_params` write every chunk) is
+  then an error rather than zeros: it is what an interrupted copy leaves."""
+  if spec['driver'] not in ('zarr', 'n5'):
+    return None
+  return ts.KvStore.open(spec['kvstore']).result().read('.zarray')
+
+
+def _zarr_fill_value(zarray: Any) -> Any:
+  """The fill value a `.zarray` read records (None: null, or unreadable)."""
   try:
-    with open(os.path.join(array_dir, '.zarray'), encoding='utf-8') as f:
-      return json.load(f).get('fill_value')
+    return json.loads(zarray.result().value).get('fill_value')
   except (OSError, ValueError):
     return None
 
@@ -162,8 +171,7 @@ def _zarr_fill_value(array_dir: str) -> Any:
 def _load_msgpack(file: str) -> dict[str, Any]:
   """Parses a msgpack checkpoint file (flax ExtTypes decoded to numpy)."""
   try:
-    with open(file, 'rb') as f:
-      contents = serialization.msgpack_restore(f.read())
+    contents = serialization.msgpack_restore(storage.read_bytes(file))
   except Exception as e:  # msgpack raises many types on garbage.
     raise ValueError(f'{file} is not a readable T5X checkpoint: {type(e).__name__}: {e}') from e
   if not isinstance(contents, dict):
@@ -186,15 +194,20 @@ def _read_native(contents: Mapping[str, Any], file: str) -> dict[Path, np.ndarra
   for key in _params_location(state, where):
     state = state[key]
   flat = traverse_util.flatten_dict(state, is_leaf=lambda _, node: _is_spec(node))
-  ckpt_dir = os.path.dirname(file)
+  ckpt_dir = storage.dirname(file)
   key = None
   try:
-    pending = {}
-    for key, leaf in flat.items():
+    specs, zarrays, pending = {}, {}, {}
+    for key, leaf in flat.items():  # Every metadata read first: on a bucket, round trips.
       if _is_spec(leaf):
-        pending[key] = (leaf, ts.open(_local_spec(leaf, ckpt_dir), read=True).result().read())
-    for key, (spec, future) in pending.items():
-      arr = future.result()
+        specs[key] = _array_spec(leaf, ckpt_dir)
+        zarrays[key] = _read_zarray(specs[key])
+    for key, spec in specs.items():
+      if zarrays[key] is not None and _zarr_fill_value(zarrays[key]) is None:
+        spec = dict(spec, fill_missing_data_reads=False)
+      pending[key] = ts.open(spec, read=True).result().read()
+    for key, future in pending.items():
+      spec, arr = flat[key], future.result()
       shape = tuple(spec.get('metadata', {}).get('shape', arr.shape))
       if arr.shape != shape:
         raise ValueError(f"'{'/'.join(key)}' has shape {arr.shape}, its spec says {shape}")
@@ -255,31 +268,31 @@ def _read_orbax(directory: str) -> dict[Path, np.ndarray]:
 def _holds_checkpoint(directory: str) -> bool:
   """A checkpoint_<step> dir that finished writing: a native `checkpoint` file, T5X's
   Orbax `state/` item, or Orbax PyTree files (an interrupted or emptied one is skipped)."""
-  return os.path.isdir(directory) and any(
-      os.path.exists(os.path.join(directory, m)) for m in ('checkpoint', 'state') + _ORBAX)
+  return storage.isdir(directory) and any(
+      storage.exists(storage.join(directory, m)) for m in ('checkpoint', 'state') + _ORBAX)
 
 
 def _read_any(path: str) -> dict[Path, np.ndarray]:
   """Dispatches on what `path` holds: msgpack file, native dir, Orbax dir, or a parent."""
-  if os.path.isfile(path):
+  if storage.isfile(path):
     return _read_native(_load_msgpack(path), path)
-  state_dir = os.path.join(path, 'state')  # T5X's Orbax item.
-  item_dir = state_dir if os.path.isdir(state_dir) else path
-  file = os.path.join(item_dir, 'checkpoint')
-  if os.path.isfile(file):
+  state_dir = storage.join(path, 'state')  # T5X's Orbax item.
+  item_dir = state_dir if storage.isdir(state_dir) else path
+  file = storage.join(item_dir, 'checkpoint')
+  if storage.isfile(file):
     contents = _load_msgpack(file)
     if not _is_orbax_aggregate(contents):
       return _read_native(contents, file)
     return _read_orbax(item_dir)
-  if item_dir == state_dir or any(os.path.exists(os.path.join(path, m)) for m in _ORBAX):
+  if item_dir == state_dir or any(storage.exists(storage.join(path, m)) for m in _ORBAX):
     return _read_orbax(item_dir)
-  steps = [(int(m.group(1)), name) for name in os.listdir(path)
-           if (m := _STEP_DIR.match(name)) and _holds_checkpoint(os.path.join(path, name))]
+  steps = [(int(m.group(1)), name) for name in storage.listdir(path)
+           if (m := _STEP_DIR.match(name)) and _holds_checkpoint(storage.join(path, name))]
   if not steps:
     raise FileNotFoundError(
         f'No T5X checkpoint in {path}: it has no `checkpoint` file, no Orbax `state/` item '
         'and no checkpoint_<step> subdirectory')
-  return _read_any(os.path.join(path, max(steps)[1]))
+  return _read_any(storage.join(path, max(steps)[1]))
 
 
 def load_params(path: str, dtype: Any = None, config: Any = None) -> Params:
@@ -291,7 +304,8 @@ def load_params(path: str, dtype: Any = None, config: Any = None) -> Params:
   directories, in which case the highest step that holds a checkpoint is loaded.
 
   Args:
-    path: where the checkpoint is (local filesystem).
+    path: where the checkpoint is: a local path, or a URL T5X reads (gs://...; see
+      storage.py).
     dtype: cast every floating parameter to this dtype; None keeps the stored dtype.
     config: when given (T5Config-like), the tree must match
       `param_tree.expected_shapes(config)`.
@@ -303,8 +317,8 @@ def load_params(path: str, dtype: Any = None, config: Any = None) -> Params:
     FileNotFoundError: `path` does not exist or holds no checkpoint.
     ValueError: the checkpoint is unreadable, or does not match `config`.
   """
-  path = os.path.abspath(os.fspath(path))
-  if not os.path.exists(path):
+  path = storage.resolve(path)
+  if not storage.exists(path):
     raise FileNotFoundError(f'T5X checkpoint path does not exist: {path}')
   flat = _read_any(path)
   if dtype is not None:

@@ -6,14 +6,13 @@ themselves (specdec_t5x.algorithm.drafts) know nothing of files.
 """
 
 import io
-import os
 from typing import Any, Mapping
 
 import jax.numpy as jnp
 import numpy as np
 
 from specdec_t5x.algorithm import drafts
-from specdec_t5x.integration import run_dir
+from specdec_t5x.integration import run_dir, storage
 
 
 def save_ngram(path: str, params: Mapping[str, Any], vocab_size: int) -> None:
@@ -24,14 +23,16 @@ def save_ngram(path: str, params: Mapping[str, Any], vocab_size: int) -> None:
 
 
 def load_ngram(path: str):
-  """-> (module, params) of a draft saved by `save_ngram` (sparse bigram, bigram or unigram).
+  """-> (module, params) of a draft saved by `save_ngram` (sparse bigram, bigram or unigram),
+  from a local path or a URL (gs://...).
 
   Raises:
     FileNotFoundError: no file at `path`.
   """
-  if not os.path.exists(path):
+  if not storage.exists(path):
     raise FileNotFoundError(f'No n-gram draft at {path!r}.')
-  with np.load(path) as data:
+  source = io.BytesIO(storage.read_bytes(path)) if storage.is_url(path) else path
+  with np.load(source) as data:
     params = {k: jnp.asarray(data[k]) for k in data.files if k != 'vocab_size'}
     vocab = int(data['vocab_size'])
   return drafts.ngram_draft(params, vocab)

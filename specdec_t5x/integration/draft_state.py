@@ -12,8 +12,8 @@ Instead:
   draft splits over the model axis like the target) and passes it to the infer step as a
   sharded argument (`t5x.utils.get_infer_fn`), where the model decodes with it.
 * `restore_draft`, one of `RestoreCheckpointConfig.state_transformation_fns`
-  (configs/runs/infer.gin), fills that collection from the draft's T5X checkpoint while
-  T5X restores the target's, so T5X reads, casts and shards both the same way.
+  (configs/runs/infer.gin), fills that collection from the draft's T5X checkpoint (local
+  or gs://) while T5X restores the target's, so T5X reads, casts and shards both alike.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ Layout (what scripts/train.py --final_export writes and checkpoints/demo/<model>
   <model_dir>/checkpoint_<step>/     T5X native params (bfloat16 storage)
   <model_dir>/vocabulary.json        optional: the SentencePiece model (see vocab_check)
 
-`save` writes one, `load` reads one back (config without dropout, float32 params);
-training, evaluation and distillation all go through these two functions.
+`save` writes one (locally), `load` reads one back (config without dropout, float32 params)
+from a local path or a URL T5X reads (gs://...); training, evaluation and distillation all
+go through these two functions.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import jax.numpy as jnp
 
 from specdec_t5x.algorithm.feature_draft import FeatureDraftConfig
 from specdec_t5x.algorithm.network import T5Config
-from specdec_t5x.integration import run_dir, vocab_check
+from specdec_t5x.integration import run_dir, storage, vocab_check
 from specdec_t5x.integration.checkpoints import load_params, save_params
 
 CONFIG = 'config.json'
@@ -75,9 +76,9 @@ def save(params: Params, out_dir: str, config: T5Config, step: int,
 
 
 def load_config(model_dir: str, dtype: Any = jnp.float32) -> T5Config:
-  """The config.json of `model_dir` with compute `dtype` and no dropout (for inference)."""
-  with open(os.path.join(model_dir, CONFIG), encoding='utf-8') as f:
-    fields = json.load(f)
+  """The config.json of `model_dir` (a local path or a URL, gs://...) with compute `dtype`
+  and no dropout (for inference)."""
+  fields = json.loads(storage.read_text(storage.join(model_dir, CONFIG)))
   return config_from_dict(fields, dtype=jnp.dtype(dtype), dropout_rate=0.0)
 
 

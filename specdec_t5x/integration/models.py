@@ -17,7 +17,6 @@ inherited (the target, teacher forced); the standalone model only predicts.
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 from absl import logging
@@ -28,7 +27,8 @@ import numpy as np
 
 from specdec_t5x.algorithm import api, auto_gamma, feature_draft, network, stats
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.integration import checkpoints, draft_state, t5x_outputs, vocab_check
+from specdec_t5x.integration import (checkpoints, draft_state, storage, t5x_outputs,
+                                     vocab_check)
 
 try:  # T5X is not on PyPI: subclass its model only when it is installed.
   from t5x import models as t5x_models  # type: ignore
@@ -73,13 +73,12 @@ def init_params(module: Any, rng: jax.Array) -> Any:
 
 def load_checkpoint(path: Optional[str], *, macro: str, what: str, config: Any = None,
                     dtype: Optional[str] = None) -> Any:
-  """`checkpoints.load_params` with an error that names the gin macro to set."""
-  if not path or not os.path.exists(path):
-    hint = (' gs:// checkpoints must be copied to a local disk first '
-            '(gsutil -m cp -r gs://... /local/dir).' if path and '://' in path else '')
+  """`checkpoints.load_params` (a local path or a URL, gs://...) with an error that names
+  the gin macro to set."""
+  if not path or not storage.exists(path):
     raise FileNotFoundError(
         f'{what} checkpoint not found: {path!r}. Set the gin macro {macro}, e.g. '
-        f'--gin.{macro}="\'/path/to/checkpoint_1000000\'".{hint}')
+        f'--gin.{macro}="\'/path/to/checkpoint_1000000\'".')
   return checkpoints.load_params(path, dtype=dtype and jnp.dtype(dtype), config=config)
 
 
@@ -167,7 +166,7 @@ class _SpeculativeMixin:
         (self.draft_checkpoint, 'Draft', 'DRAFT_CHECKPOINT',
          self.is_speculative and self._draft_params is None)):
       random_ok = path is None and fallback_init_rng is not None
-      if needed and not random_ok and not (path and os.path.exists(path)):
+      if needed and not random_ok and not (path and storage.exists(path)):
         load_checkpoint(path, macro=macro, what=what)  # Raises FileNotFoundError.
 
   def restore_target(self, path: Optional[str], dtype: Optional[str] = None,

@@ -11,7 +11,8 @@ nonsense (BLEU 0) with no error. A model directory may therefore hold `vocabular
 `check_checkpoints_vocabulary` looks for it in a checkpoint directory and its parent and
 compares the task vocabulary's file (by content hash, so copies and moves are fine) and
 extra ids. Without a record nothing more than the size check of
-`models.check_task_vocabulary` can be done; a remote (gs://) task vocabulary is not read.
+`models.check_task_vocabulary` can be done. Checkpoints, records and SentencePiece models
+may be local or remote (gs://...): remote ones are read as T5X reads them (storage.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import json
 import os
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from specdec_t5x.integration import run_dir
+from specdec_t5x.integration import run_dir, storage
 
 RECORD = 'vocabulary.json'
 
@@ -30,32 +31,32 @@ RECORD = 'vocabulary.json'
 @functools.lru_cache(maxsize=32)
 def _sha256(path: str, mtime: float, size: int) -> str:
   del mtime, size  # Cache keys only.
-  with open(path, 'rb') as f:
-    return hashlib.sha256(f.read()).hexdigest()
+  return hashlib.sha256(storage.read_bytes(path)).hexdigest()
 
 
 def file_sha256(path: str) -> str:
-  st = os.stat(path)
-  return _sha256(os.path.abspath(path), st.st_mtime, st.st_size)
+  """sha256 of a local or remote file's content (cached while its time and size hold)."""
+  path = storage.resolve(path)
+  return _sha256(path, *storage.stat(path))
 
 
 def spm_identity(vocab: Any) -> Tuple[Optional[str], int]:
   """(absolute local path or remote URL of the SentencePiece model, extra ids) of a vocab."""
   path = getattr(vocab, 'sentencepiece_model_file', None)
-  if path and '://' not in path:
-    path = os.path.abspath(path)
+  if path:
+    path = storage.resolve(path)
   return path, int(getattr(vocab, 'extra_ids', 0) or 0)
 
 
 def same_sentencepiece(a: Any, b: Any) -> bool:
   """Whether two seqio SentencePiece vocabularies are the same model: the same path and
-  extra ids, or local files with the same content (sha256). Reads no remote file."""
+  extra ids, or files (local or remote) with the same content (sha256)."""
   (path_a, extra_a), (path_b, extra_b) = spm_identity(a), spm_identity(b)
   if extra_a != extra_b:
     return False
   if path_a == path_b:
     return True
-  return bool(path_a and path_b and os.path.isfile(path_a) and os.path.isfile(path_b)
+  return bool(path_a and path_b and storage.isfile(path_a) and storage.isfile(path_b)
               and file_sha256(path_a) == file_sha256(path_b))
 
 
@@ -70,15 +71,14 @@ def record_vocabulary(model_dir: str, spm_path: str, extra_ids: int = 0) -> str:
 
 def find_record(checkpoint: Optional[str]) -> Optional[Dict[str, Any]]:
   """The vocabulary record of a checkpoint (in its directory or its parent), or None."""
-  if not checkpoint or '://' in checkpoint:
+  if not checkpoint:
     return None
-  here = os.path.abspath(checkpoint)
-  here = here if os.path.isdir(here) else os.path.dirname(here)
-  for directory in (here, os.path.dirname(here)):
-    path = os.path.join(directory, RECORD)
-    if os.path.isfile(path):
-      with open(path, encoding='utf-8') as f:
-        return dict(json.load(f), record=path)
+  here = storage.resolve(checkpoint)
+  here = here if storage.isdir(here) else storage.dirname(here)
+  for directory in dict.fromkeys((here, storage.dirname(here))):
+    path = storage.join(directory, RECORD)
+    if storage.isfile(path):
+      return dict(json.loads(storage.read_text(path)), record=path)
   return None
 
 
@@ -93,7 +93,7 @@ def check_checkpoints_vocabulary(vocab: Any, checkpoints: Mapping[str, Optional[
   extra = int(getattr(vocab, 'extra_ids', 0) or 0)
   for macro, checkpoint in checkpoints.items():
     record = find_record(checkpoint)
-    if record is None or not spm or '://' in spm or not os.path.isfile(spm):
+    if record is None or not spm or not storage.isfile(spm):
       continue
     if file_sha256(spm) != record.get('sha256') or extra != record.get('extra_ids', 0):
       raise ValueError(
