@@ -40,12 +40,7 @@ PAIR_PANEL = 2 * cpu_kernels.PANEL  # bfloat16 values per pair-panel row (cpu_ke
 
 def _cpu_has_dpbf16() -> bool:
   """The CPU runs vdpbf16ps on 512-bit registers (AVX-512 F, BW and BF16)."""
-  try:
-    with open('/proc/cpuinfo', encoding='utf-8') as f:
-      flags = next((line.split(':', 1)[1].split() for line in f if line.startswith('flags')), [])
-  except OSError:
-    return False
-  return all(flag in flags for flag in ('avx512f', 'avx512bw', 'avx512_bf16'))
+  return {'avx512f', 'avx512bw', 'avx512_bf16'} <= cpu_kernels.cpu_flags()
 
 
 @functools.lru_cache(maxsize=None)

@@ -313,6 +313,33 @@ void Panels(const float* x, const typename W::T* p, float* y, int64_t M, int64_t
   }
 }
 
+// Panels [0, num_panels) in chunks of kChunk, `chunk(p0, p1)` each: chunks are claimed from
+// a shared counter by the calling thread and by tasks on XLA's intra-op pool. The caller only
+// waits for chunks another thread has claimed (and so is running): a task that never gets a
+// thread leaves its work to the caller, never a deadlock. The job outlives the call in tasks
+// that start late (they find nothing left, so `chunk` is never called after the return).
+template <class F>
+void ShareChunks(ffi::ThreadPool& pool, int64_t num_panels, F chunk) {
+  struct Job {
+    F chunk;
+    int64_t num_panels, num_chunks;
+    std::atomic<int64_t> next{0}, done{0};
+    Job(F f, int64_t n)
+        : chunk(std::move(f)), num_panels(n), num_chunks((n + kChunk - 1) / kChunk) {}
+    void Run() {
+      for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < num_chunks;) {
+        chunk(c * kChunk, std::min(num_panels, (c + 1) * kChunk));
+        done.fetch_add(1, std::memory_order_release);
+      }
+    }
+  };
+  auto job = std::make_shared<Job>(std::move(chunk), num_panels);
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(), job->num_chunks) - 1;
+  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([job] { job->Run(); });
+  job->Run();
+  while (job->done.load(std::memory_order_acquire) < job->num_chunks) _mm_pause();
+}
+
 template <class W, ffi::DataType kPacked>
 ffi::Error PanelMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<kPacked> packed,
                        ffi::ResultBuffer<ffi::F32> y) {
@@ -330,29 +357,12 @@ ffi::Error PanelMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffe
   if (N > num_panels * kPanel || N <= (num_panels - 1) * kPanel) {
     return ffi::Error::InvalidArgument("output width does not match the packed panels");
   }
-  // Chunks of panels are claimed from a shared counter by the calling thread and by tasks
-  // on XLA's intra-op pool. The caller only waits for chunks another thread has claimed (and
-  // so is running): a task that never gets a thread leaves its work to the caller, never a
-  // deadlock. The job outlives the call in tasks that start late (they find nothing left).
-  struct Job {
-    const float* x; const typename W::T* p; float* y;
-    int64_t M, K, N, num_panels, num_chunks;
-    std::atomic<int64_t> next{0}, done{0};
-    void Run() {
-      for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < num_chunks;) {
-        Panels<W>(x, p, y, M, K, N, c * kChunk, std::min(num_panels, (c + 1) * kChunk));
-        done.fetch_add(1, std::memory_order_release);
-      }
-    }
-  };
-  auto job = std::make_shared<Job>();
-  job->x = x.typed_data(); job->p = packed.typed_data(); job->y = y->typed_data();
-  job->M = M; job->K = K; job->N = N; job->num_panels = num_panels;
-  job->num_chunks = (num_panels + kChunk - 1) / kChunk;
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), job->num_chunks) - 1;
-  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([job] { job->Run(); });
-  job->Run();
-  while (job->done.load(std::memory_order_acquire) < job->num_chunks) _mm_pause();
+  const float* xs = x.typed_data();
+  const typename W::T* ps = packed.typed_data();
+  float* ys = y->typed_data();
+  ShareChunks(pool, num_panels, [=](int64_t p0, int64_t p1) {
+    Panels<W>(xs, ps, ys, M, K, N, p0, p1);
+  });
   return ffi::Error::Success();
 }
 
@@ -736,28 +746,12 @@ ffi::Error PanelMatmulDp(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16> x,
   if (N > num_panels * kPanel || N <= (num_panels - 1) * kPanel) {
     return ffi::Error::InvalidArgument("output width does not match the packed panels");
   }
-  // Chunks of panels shared out as PanelMatmul does (see there).
-  struct Job {
-    const uint32_t* x; const uint16_t* p; float* y;
-    int64_t M, K2, N, num_panels, num_chunks;
-    std::atomic<int64_t> next{0}, done{0};
-    void Run() {
-      for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < num_chunks;) {
-        PanelsDp(x, p, y, M, K2, N, c * kChunk, std::min(num_panels, (c + 1) * kChunk));
-        done.fetch_add(1, std::memory_order_release);
-      }
-    }
-  };
-  auto job = std::make_shared<Job>();
-  job->x = reinterpret_cast<const uint32_t*>(x.untyped_data());
-  job->p = reinterpret_cast<const uint16_t*>(packed.untyped_data());
-  job->y = y->typed_data();
-  job->M = M; job->K2 = K2; job->N = N; job->num_panels = num_panels;
-  job->num_chunks = (num_panels + kChunk - 1) / kChunk;
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), job->num_chunks) - 1;
-  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([job] { job->Run(); });
-  job->Run();
-  while (job->done.load(std::memory_order_acquire) < job->num_chunks) _mm_pause();
+  const auto* xs = reinterpret_cast<const uint32_t*>(x.untyped_data());
+  const auto* ps = reinterpret_cast<const uint16_t*>(packed.untyped_data());
+  float* ys = y->typed_data();
+  ShareChunks(pool, num_panels, [=](int64_t p0, int64_t p1) {
+    PanelsDp(xs, ps, ys, M, K2, N, p0, p1);
+  });
   return ffi::Error::Success();
 }
 

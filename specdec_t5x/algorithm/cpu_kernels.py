@@ -80,13 +80,18 @@ def _cache_dir() -> str:
   return os.path.join(base, 'specdec_t5x')
 
 
-def _cpu_has_avx2_fma() -> bool:
+def cpu_flags() -> frozenset:
+  """The CPU's feature flags (/proc/cpuinfo's first `flags` line; empty where there is none)."""
   try:
     with open('/proc/cpuinfo', encoding='utf-8') as f:
-      flags = next((line.split(':', 1)[1].split() for line in f if line.startswith('flags')), [])
+      return frozenset(next((line.split(':', 1)[1].split() for line in f
+                             if line.startswith('flags')), []))
   except OSError:
-    return False
-  return 'avx2' in flags and 'fma' in flags
+    return frozenset()
+
+
+def _cpu_has_avx2_fma() -> bool:
+  return {'avx2', 'fma'} <= cpu_flags()
 
 
 def _cpu_runs_kernels() -> bool:
