@@ -7,6 +7,7 @@ SPECDEC_REQUIRE_T5X=1 (set by .ci/run where it installs T5X): a test or test mod
 would be skipped for a missing T5X-stack module (its skip reason names one of T5X_STACK)
 fails instead, so that no comparison with stock T5X can silently drop out of a run."""
 
+import functools
 import importlib.util
 import json
 import os
@@ -20,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specdec_t5x.algorithm import cpu_kernels
 from specdec_t5x.algorithm.network import T5Config, Transformer
 
 
@@ -143,6 +145,32 @@ def make_model(config, seed=0, logit_scale=1.0):
     dec['decoder_norm'] = {'scale': params['decoder']['decoder_norm']['scale'] * logit_scale}
     params = dict(params, decoder=dec)
   return module, params
+
+
+def jit_apply(module, variables, *args, method=None, **kwargs):
+  """`module.apply(variables, *args, method=method, **kwargs)` as ONE compiled program,
+  its None, Python scalars, strings and tuples static: applied eagerly, each of a network's
+  hundreds of ops is compiled apart, one small program each, at a real cost in these tests."""
+  def static(x):
+    return x is None or isinstance(x, (bool, int, float, str, tuple))
+  fixed = tuple((i, a) for i, a in enumerate(args) if static(a))
+  fixed_kw = tuple(sorted((k, v) for k, v in kwargs.items() if static(v)))
+  traced = [a for a in args if not static(a)]
+  traced_kw = {k: v for k, v in kwargs.items() if not static(v)}
+  return _jitted_apply(module, method, fixed, fixed_kw, len(args), cpu_kernels.trace_state())(
+      variables, traced, traced_kw)
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_apply(module, method, fixed, fixed_kw, num_args, trace_state):
+  del trace_state  # a key only: the kernel switches this program was traced under
+  positions = dict(fixed)
+
+  def run(variables, traced, traced_kw):
+    rest = iter(traced)
+    args = [positions[i] if i in positions else next(rest) for i in range(num_args)]
+    return module.apply(variables, *args, method=method, **dict(fixed_kw), **traced_kw)
+  return jax.jit(run)
 
 
 def random_inputs(batch, length, vocab, seed=0, min_len=2):

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import random_inputs
+from conftest import jit_apply, random_inputs
 from specdec_t5x import generate
 from specdec_t5x.algorithm import sampling
 from specdec_t5x.algorithm.drafts import BigramDraft, CopyDraft
@@ -16,10 +16,11 @@ import test_distribution as td
 
 def _greedy_next(module, params, enc, dec_inputs):
   """Argmax of the draft's logits at each decoder position (cached path, one call)."""
-  cache = module.apply({'params': params}, module.apply({'params': params}, enc, method='encode'),
-                       enc, 16, method='init_cache')
-  logits, _ = module.apply({'params': params}, cache, dec_inputs,
-                           jnp.zeros((enc.shape[0],), jnp.int32), method='extend')
+  variables = {'params': params}
+  cache = jit_apply(module, variables, jit_apply(module, variables, enc, method='encode'),
+                    enc, 16, method='init_cache')
+  logits, _ = jit_apply(module, variables, cache, dec_inputs,
+                        jnp.zeros((enc.shape[0],), jnp.int32), method='extend')
   return np.asarray(jnp.argmax(logits, -1)), np.asarray(jnp.max(jax.nn.softmax(logits), -1))
 
 

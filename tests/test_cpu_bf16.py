@@ -141,7 +141,7 @@ def test_float32_logits_join_the_pairs_when_bfloat16_holds_their_weights(tied):
   assert logits_path in _paths(variables)
   enc = random_inputs(2, 8, 40, seed=9)
   plain = generate(target, enc, max_decode_length=10, cpu_kernels='packed_bf16')
-  for gamma in (2, 4):
+  for gamma in ((2,) if tied else (4,)):  # one gamma each: the kernel does not see gamma
     spec = generate(target, enc, draft=draft, gamma=gamma, max_decode_length=10,
                     cpu_kernels='packed_bf16')
     np.testing.assert_array_equal(spec.tokens, plain.tokens)
@@ -177,12 +177,12 @@ def test_without_avx512_bf16_the_mode_falls_back_with_one_log_line(bf16_models, 
 
 @pytest.mark.parametrize('batch', [1, 3])
 def test_greedy_speculative_equals_greedy_target_in_bfloat16(bf16_models, batch):
-  """Token for token, for several gammas: every row of a verify call is computed as a
-  one-token step computes it (the kernel's rows are independent)."""
+  """Token for token, for verify calls of 2 to 6 rows: every row of a verify call is
+  computed as a one-token step computes it (the kernel's rows are independent)."""
   target, draft = bf16_models
   enc = random_inputs(batch, 9, 40, seed=5 + batch)
   plain = generate(target, enc, max_decode_length=12, cpu_kernels='packed_bf16')
-  for gamma in (1, 3, 5):
+  for gamma in ((1, 5) if batch == 1 else (3,)):
     spec = generate(target, enc, draft=draft, gamma=gamma, max_decode_length=12,
                     cpu_kernels='packed_bf16')
     np.testing.assert_array_equal(spec.tokens, plain.tokens)

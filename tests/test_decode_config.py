@@ -198,7 +198,7 @@ def test_the_kernel_mode_keys_the_compiled_program(target_and_draft, monkeypatch
   target, draft = target_and_draft
   enc = random_inputs(2, 7, 40, seed=3)
   outs = {mode: generate(target, enc, draft=draft, gamma=2, max_decode_length=6, cpu_kernels=mode)
-          for mode in cpu_kernels.MODES}
+          for mode in cpu_kernels.MODES}  # the speculative program: the verify's kernels
   assert [key[-1].cpu_kernels for key in api._COMPILED] == list(cpu_kernels.MODES)  # pylint: disable=protected-access
   for mode in cpu_kernels.MODES:
     np.testing.assert_array_equal(outs[mode].tokens, outs['packed'].tokens)
@@ -208,8 +208,8 @@ def test_compiled_programs_are_kept_least_recently_used(target_and_draft, monkey
   """api keeps a bounded number of compiled programs (one per models, length and config)."""
   monkeypatch.setattr(api, 'PROGRAMS_KEEP', 2)
   monkeypatch.setattr(api, '_COMPILED', collections.OrderedDict())
-  target, draft = target_and_draft
+  target, _ = target_and_draft
   enc = random_inputs(1, 5, 40, seed=1)
-  for gamma in (1, 2, 1, 3):
-    generate(target, enc, draft=draft, gamma=gamma, max_decode_length=3)
-  assert [key[-1].gamma for key in api._COMPILED] == [1, 3]  # pylint: disable=protected-access
+  for length in (3, 4, 3, 5):  # autoregressive programs: the cheapest to compile
+    generate(target, enc, max_decode_length=length)
+  assert [key[2] for key in api._COMPILED] == [3, 5]  # pylint: disable=protected-access

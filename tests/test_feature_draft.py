@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import make_model, random_inputs, tiny_config
+from conftest import jit_apply, make_model, random_inputs, tiny_config
 import test_distribution as td
 from specdec_t5x import generate
 from test_decoding import _eos_mid_batch
@@ -47,7 +47,7 @@ def teacher_forced(target, head, enc, tokens, passes):
   """The target's features and the head's passes over given outputs tokens [b, L]."""
   dec_in = feature_train.shift_right(tokens)
   _, _, before, encoded = feature_train.teacher_forced(*target, enc, dec_in)
-  return head[0].apply({'params': head[1]}, encoded, enc, dec_in, before, passes=passes)
+  return jit_apply(head[0], {'params': head[1]}, encoded, enc, dec_in, before, passes=passes)
 
 
 def test_cached_calls_equal_the_teacher_forced_pass(models):
@@ -58,18 +58,18 @@ def test_cached_calls_equal_the_teacher_forced_pass(models):
   dec_in = feature_train.shift_right(tokens)
   _, _, before, encoded = feature_train.teacher_forced(*target, enc, dec_in)
   variables = {'params': head[1]}
-  cache = head[0].apply(variables, encoded, enc, 12, method='init_cache')
+  cache = jit_apply(head[0], variables, encoded, enc, 12, method='init_cache')
   # Five positions in one call, then the rest one at a time; then one position picked.
-  got, cache, got_f = head[0].apply(variables, cache, dec_in[:, :5], jnp.zeros(3, jnp.int32),
+  got, cache, got_f = jit_apply(head[0], variables, cache, dec_in[:, :5], jnp.zeros(3, jnp.int32),
                                     before[:, :5], method='extend')
   np.testing.assert_allclose(got, logits[:, :5], atol=1e-4)
   np.testing.assert_allclose(got_f, predicted[:, :5], atol=1e-4)
   for t in range(5, 9):
-    got, cache, _ = head[0].apply(variables, cache, dec_in[:, t:t + 1], jnp.full(3, t),
+    got, cache, _ = jit_apply(head[0], variables, cache, dec_in[:, t:t + 1], jnp.full(3, t),
                                   before[:, t:t + 1], method='extend')
     np.testing.assert_allclose(got[:, 0], logits[:, t], atol=1e-4)
   pick = jnp.array([0, 2, 3])
-  got, _, got_f = head[0].apply(variables, cache, dec_in[:, 4:8], jnp.full(3, 4),
+  got, _, got_f = jit_apply(head[0], variables, cache, dec_in[:, 4:8], jnp.full(3, 4),
                                 before[:, 4:8], pick, method='extend')
   assert got.shape == (3, 1, 8) and got_f.shape == (3, 1, 32)
   np.testing.assert_allclose(got[:, 0], logits[np.arange(3), 4 + pick], atol=1e-4)
@@ -85,13 +85,13 @@ def test_self_fed_passes_attend_as_the_draft_calls_do(models):
   _, _, before, encoded = feature_train.teacher_forced(*target, enc, dec_in)
   variables = {'params': head[1]}
   n = 3  # a step at length 3: real context up to position 2, drafts at 3, 4, 5
-  cache = head[0].apply(variables, encoded, enc, 10, method='init_cache')
-  _, cache, _ = head[0].apply(variables, cache, dec_in[:, :n], jnp.zeros(2, jnp.int32),
+  cache = jit_apply(head[0], variables, encoded, enc, 10, method='init_cache')
+  _, cache, _ = jit_apply(head[0], variables, cache, dec_in[:, :n], jnp.zeros(2, jnp.int32),
                               before[:, :n], method='extend')
   feature = before[:, n:n + 1]
   for j in range(1, 4):
     t = n + j - 1
-    logits, cache, feature = head[0].apply(variables, cache, dec_in[:, t:t + 1],
+    logits, cache, feature = jit_apply(head[0], variables, cache, dec_in[:, t:t + 1],
                                            jnp.full(2, t), feature, method='extend')
     np.testing.assert_allclose(logits[:, 0], passes[j - 1][0][:, t], atol=1e-4)
 
@@ -203,13 +203,13 @@ def test_a_reduced_draft_vocabulary_gives_logits_over_its_ids_only(models):
   (logits, _), = teacher_forced(target, small, enc, tokens, passes=1)
   assert logits.shape == (2, 6, 5)
   module, params = target
-  _, _, encoded = module.apply({'params': params}, enc, tokens, method='features')
+  _, _, encoded = jit_apply(module, {'params': params}, enc, tokens, method='features')
   variables = {'params': small[1]}
-  cache = small[0].apply(variables, encoded, enc, 8, method='init_cache')
-  got, _, _ = small[0].apply(variables, cache, tokens[:, :3], jnp.zeros(2, jnp.int32),
+  cache = jit_apply(small[0], variables, encoded, enc, 8, method='init_cache')
+  got, _, _ = jit_apply(small[0], variables, cache, tokens[:, :3], jnp.zeros(2, jnp.int32),
                              jnp.zeros((2, 3, 32)), method='extend')
   assert got.shape == (2, 3, 5)
-  full_got, _, _ = full[0].apply({'params': full[1]}, full[0].apply(
+  full_got, _, _ = jit_apply(full[0], {'params': full[1]}, jit_apply(full[0], 
       {'params': full[1]}, encoded, enc, 8, method='init_cache'), tokens[:, :3],
       jnp.zeros(2, jnp.int32), jnp.zeros((2, 3, 32)), method='extend')
   np.testing.assert_allclose(got, full_got[..., list(ids)], atol=1e-5)

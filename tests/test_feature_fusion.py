@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import make_model, random_inputs, tiny_config
+from conftest import jit_apply, make_model, random_inputs, tiny_config
 import test_distribution as td
 from test_decoding import _eos_mid_batch
 from test_feature_draft import make_head, replay_accepted
@@ -40,14 +40,14 @@ def test_fused_features_are_the_final_ones_then_each_tapped_layer_normalised(tar
     np.testing.assert_allclose(fused[..., 32 * i:32 * (i + 1)], out / rms, rtol=1e-5,
                                atol=1e-5)
   # The cached calls (three positions, then the rest one at a time) hand out the same.
-  cache = module.apply({'params': params}, encoded, enc, 8, method='init_cache')
+  cache = jit_apply(module, {'params': params}, encoded, enc, 8, method='init_cache')
   dec_in = np.asarray(feature_train.shift_right(tokens))
   got = []
   for start, stop in ((0, 3), (3, 4), (4, 5), (5, 6), (6, 7)):
-    _, cache, f = module.apply({'params': params}, cache, dec_in[:, start:stop],
-                               jnp.full(2, start), True, (0, 2), method='extend')
+    _, cache, f = jit_apply(module, {'params': params}, cache, dec_in[:, start:stop],
+                            jnp.full(2, start), True, (0, 2), method='extend')
     got.append(f)
-  _, want, _ = module.apply({'params': params}, enc, dec_in, None, (0, 2), method='features')
+  _, want, _ = jit_apply(module, {'params': params}, enc, dec_in, None, (0, 2), method='features')
   np.testing.assert_allclose(jnp.concatenate(got, 1), want, atol=1e-4)
 
 
@@ -73,7 +73,7 @@ def test_greedy_acceptances_replay_the_teacher_forced_passes(target, gamma):
   tokens = np.asarray(out.tokens)
   dec_in = feature_train.shift_right(tokens)
   _, _, before, encoded = feature_train.teacher_forced(*target, enc, dec_in, None, (0, 1))
-  passes = head[0].apply({'params': head[1]}, encoded, enc, dec_in, before, passes=gamma)
+  passes = jit_apply(head[0], {'params': head[1]}, encoded, enc, dec_in, before, passes=gamma)
   expected = replay_accepted(passes, tokens, gamma, 16)
   assert expected.sum() > 0
   np.testing.assert_array_equal(np.asarray(out.stats['accepted_tokens']), expected)
@@ -132,7 +132,7 @@ def test_the_head_fed_the_final_features_only_is_detected(target, monkeypatch):
       generate(target, enc, max_decode_length=16, eos_id=-1).tokens))
   dec_in = feature_train.shift_right(tokens)
   _, _, before, encoded = feature_train.teacher_forced(*target, enc, dec_in, None, (0, 1))
-  passes = head[0].apply({'params': head[1]}, encoded, enc, dec_in, before, passes=3)
+  passes = jit_apply(head[0], {'params': head[1]}, encoded, enc, dec_in, before, passes=3)
   assert not np.array_equal(np.asarray(out.stats['accepted_tokens']),
                             replay_accepted(passes, tokens, 3, 16))
 

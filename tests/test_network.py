@@ -7,14 +7,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import make_model, random_inputs, tiny_config
+from conftest import jit_apply, make_model, random_inputs, tiny_config
 from specdec_t5x.algorithm import api, cpu_kernels
 from specdec_t5x.algorithm.network import Transformer, relative_position_bucket
 
 
 def _apply(model, method, *args):
   module, params = model
-  return module.apply({'params': params}, *args, method=method)
+  return jit_apply(module, {'params': params}, *args, method=method)
 
 
 @pytest.mark.parametrize('v11', [True, False])
@@ -119,8 +119,8 @@ def _check_cached_calls(model, variables, mode):
   enc = jnp.asarray(random_inputs(2, 9, 40, seed=8))
   dec = jnp.asarray(np.random.RandomState(9).randint(2, 40, size=(2, 7)), jnp.int32)
   module = model[0]
-  encoded = module.apply(variables, enc, method='encode')
-  cache = module.apply(variables, encoded, enc, 12, method='init_cache')
+  encoded = jit_apply(module, variables, enc, method='encode')
+  cache = jit_apply(module, variables, encoded, enc, 12, method='init_cache')
 
   def count(num_tokens):  # (attention products: dots that are not a Dense layer's, kernel calls)
     text = _extend_program(model, variables, cache, num_tokens).compile().as_text()

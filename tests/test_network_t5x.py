@@ -11,6 +11,8 @@ import seqio
 from flax import traverse_util
 from t5x import adafactor, models, partitioning, train_state
 from t5x.examples.t5 import network as t5x_network
+
+from conftest import jit_apply
 from specdec_t5x.algorithm import network
 VOCAB = 40
 BASE = dict(vocab_size=VOCAB, emb_dim=32, num_heads=4, num_encoder_layers=2,
@@ -150,14 +152,14 @@ def test_bfloat16_cached_decode_equals_t5x_teacher_forced(version, tokens_per_ca
   targets = jnp.asarray(rs.randint(2, VOCAB, (3, 9)), jnp.int32)
   dec = jnp.pad(targets[:, :-1], ((0, 0), (1, 0)))
   params = ours.init(jax.random.PRNGKey(3), enc, dec, targets)['params']
-  want = theirs.apply({'params': params}, enc, dec, targets, enable_dropout=False)
-  encoded = ours.apply({'params': params}, enc, method='encode')
-  cache = ours.apply({'params': params}, encoded, enc, 12, method='init_cache')
+  want = jit_apply(theirs, {'params': params}, enc, dec, targets, enable_dropout=False)
+  encoded = jit_apply(ours, {'params': params}, enc, method='encode')
+  cache = jit_apply(ours, {'params': params}, encoded, enc, 12, method='init_cache')
   got = []
   for start in range(0, dec.shape[1], tokens_per_call):
     positions = jnp.full((3,), start, jnp.int32)
-    logits, cache = ours.apply({'params': params}, cache, dec[:, start:start + tokens_per_call],
-                               positions, method='extend')
+    logits, cache = jit_apply(ours, {'params': params}, cache,
+                              dec[:, start:start + tokens_per_call], positions, method='extend')
     got.append(logits)
   np.testing.assert_array_equal(jnp.concatenate(got, axis=1), want)
 

@@ -249,6 +249,12 @@ def decode_mode(mode: Optional[str]):
   return _holding(_TRACED_MODE, None if mode is None else check_mode(mode))
 
 
+def trace_state() -> tuple:
+  """The switches a function traced now reads here (the traced kernel mode, the default
+  mode, the accelerator forms): part of the key of any memo of traced programs."""
+  return (_TRACED_MODE[0], default_mode(), _ACCELERATOR_FORMS[0])
+
+
 def enabled(mode: Optional[str] = None) -> bool:
   """True when decoding on the CPU backend in kernel mode `mode` (None: default_mode()) can
   use the packed kernel and the row kernels: any mode but 'xla', where they build."""

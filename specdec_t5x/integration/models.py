@@ -25,10 +25,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import api, auto_gamma, feature_draft, network, stats
+from specdec_t5x.algorithm import api, auto_gamma, network, stats
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.integration import (checkpoints, draft_state, storage, t5x_outputs,
                                      vocab_check)
+from specdec_t5x.integration.random_init import init_params
 
 try:  # T5X is not on PyPI: subclass its model only when it is installed.
   from t5x import models as t5x_models  # type: ignore
@@ -62,13 +63,6 @@ def config_dict(config: Any) -> Optional[Dict[str, Any]]:
                  else value if isinstance(value, (int, float, str, bool, type(None)))
                  else jnp.dtype(value).name)
   return out
-
-
-def init_params(module: Any, rng: jax.Array) -> Any:
-  """Random parameters of a Transformer-like module (smoke tests, `fallback_init_rng`)."""
-  if api.reads_features(module):
-    return feature_draft.init_params(module.config, rng)
-  return jax.jit(module.init)(rng, *[jnp.ones((1, 4), jnp.int32)] * 3)['params']
 
 
 def load_checkpoint(path: Optional[str], *, macro: str, what: str, config: Any = None,
