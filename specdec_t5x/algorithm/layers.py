@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import cpu_bf16, cpu_kernels
+from specdec_t5x.algorithm import cpu_bf16, cpu_kernels, tree as tree_lib
 
 NUM_BUCKETS = 32  # T5's relative-position buckets ...
 MAX_DISTANCE = 128  # ... log-spaced up to this distance.
@@ -308,14 +308,23 @@ def note_writes(cache, new_layers, fits):
   return dict(cache, layers=new_layers, **{SKIPPED: skipped})
 
 
-def decode_biases(relpos_bias, cache, positions, k: int, dtype):
+def decode_biases(relpos_bias, cache, positions, k: int, dtype, tree=None):
   """The attention biases of a cached call over k tokens from `positions` [b] (a cache of
   empty_decode_cache's layout): self-attention [b, h, k, slots] (relative positions, and
-  causality over the slots, slot 0 masked) and cross-attention [b, 1, 1, enc]."""
+  causality over the slots, slot 0 masked) and cross-attention [b, 1, 1, enc]. With `tree`
+  (parents [b, k], tree.py) the tokens are a draft tree's nodes: each at its depth's
+  position, seeing the committed prefix and its ancestors (tree.attention_layout)."""
   num_slots = cache['layers'][0]['v'].shape[2]
-  q_pos = positions[:, None] + jnp.arange(k)[None, :]  # [b, k]
-  key_pos = jnp.arange(num_slots)[None, :] - 1  # [1, slots]
-  mask = (key_pos[:, None, :] >= 0) & (key_pos[:, None, :] <= q_pos[:, :, None])  # [b, k, slots]
+  if tree is not None:
+    if np.shape(tree) != (positions.shape[0], k):
+      raise ValueError(f'A tree call over [batch, k] = {(positions.shape[0], k)} tokens takes '
+                       f'parents of that shape, got {np.shape(tree)}.')
+    q_pos, key_pos, mask = tree_lib.attention_layout(tree, positions, num_slots)
+  else:
+    q_pos = positions[:, None] + jnp.arange(k)[None, :]  # [b, k]
+    key_pos = jnp.arange(num_slots)[None, :] - 1  # [1, slots]
+    # [b, k, slots]
+    mask = (key_pos[:, None, :] >= 0) & (key_pos[:, None, :] <= q_pos[:, :, None])
   self_bias = relpos_bias(q_pos, key_pos) + mask_to_bias(mask[:, None], dtype)
   return self_bias, mask_to_bias(cache['encoder_mask'][:, None, None, :], dtype)
 

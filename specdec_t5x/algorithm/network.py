@@ -23,8 +23,8 @@ The self-attention cache has one extra leading slot for position -1 (physical sl
 position + 1). Keys at negative positions are always masked; it lets a caller write
 "the token before BOS" without a special case (see decoding.py).
 
-Its building blocks (dense, RMS norm, attention, MLP, embedding, relative-position bias)
-are in layers.py. Shapes use T5X's bracket comments: `# [batch, length, emb]`.
+Its building blocks are in layers.py, draft trees in tree.py. Shapes use T5X's bracket
+comments: `# [batch, length, emb]`.
 """
 
 from __future__ import annotations
@@ -187,12 +187,13 @@ class Transformer(nn.Module):
     """Decode cache for up to `max_length` positions (0..max_length-1) per row."""
     return self.decoder.init_cache(encoded, encoder_input_tokens, max_length)
 
-  def extend(self, cache, tokens, positions, return_features: bool = False, feature_layers=()):
+  def extend(self, cache, tokens, positions, return_features: bool = False, feature_layers=(),
+             tree=None):
     """Append tokens [batch, k] at positions [batch].. -> (logits [b, k, vocab], cache), and
     with `return_features` also what a feature_draft head reads [b, k, F] float32: the final
-    normalised hidden states (what the output layer reads), then the residual stream after
-    each decoder layer in `feature_layers` (layers.fused_features)."""
-    return self.decoder.extend(cache, tokens, positions, return_features, feature_layers)
+    normalised output, then the residual stream after each layer in `feature_layers`
+    (layers.fused_features). `tree`: parents [b, k], the tokens are a draft tree (tree.py)."""
+    return self.decoder.extend(cache, tokens, positions, return_features, feature_layers, tree)
 
   def features(self, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens=None,
                feature_layers=()):
@@ -323,9 +324,9 @@ class Decoder(nn.Module):
     return empty_decode_cache(self.layers, encoded, encoder_tokens, max_length,
                               cfg.num_heads, cfg.head_dim, cfg.dtype)
 
-  def extend(self, cache, tokens, positions, return_features: bool = False, feature_layers=()):
+  def extend(self, cache, tokens, positions, return_features=False, feature_layers=(), tree=None):
     self_bias, cross_bias = decode_biases(self.relpos_bias, cache, positions, tokens.shape[1],
-                                          self.config.dtype)
+                                          self.config.dtype, tree)
     x = self.shared_embedding(tokens.astype(jnp.int32))
     new_layers, taps, fits = [], [], []
     for i, (layer, layer_cache) in enumerate(zip(self.layers, cache['layers'])):
@@ -395,5 +396,4 @@ def t5_1_1_config(size: str, **overrides) -> T5Config:
   kwargs = dict(vocab_size=32128, emb_dim=emb, num_heads=heads, num_encoder_layers=layers,
                 num_decoder_layers=layers, head_dim=64, mlp_dim=mlp,
                 mlp_activations=('gelu', 'linear'), dropout_rate=0.0, logits_via_embedding=False)
-  kwargs.update(overrides)
-  return T5Config(**kwargs)
+  return T5Config(**{**kwargs, **overrides})
