@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from specdec_t5x.algorithm import (checks, cpu_bf16, cpu_kernels, decoding, feature_draft,
-                                   layers, network)
+                                   layers, network, tree_decoding)
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.algorithm.stats import DecodeStats
 
@@ -224,7 +224,8 @@ def decode_program(target_module, draft_module, *, max_len: int, config: DecodeC
     # Every write fits (rows.update_all drops a call's writes for all rows when one row's
     # window does not, and the stats say so; drafting.feature_drafter keeps a finished
     # row's re-feed inside).
-    cache_len = decoding.cache_length(max_len, config.gamma if draft_module is not None else 0)
+    drafted = config.gamma + config.copy_branch if draft_module is not None else 0
+    cache_len = decoding.cache_length(max_len, drafted)  # a tree's N - 1 nodes beyond the root
     encoded = target_module.apply(target_vars, encoder_tokens, method='encode')
     target_cache = target_module.apply(target_vars, encoded, encoder_tokens, cache_len,
                                        method='init_cache')
@@ -242,6 +243,11 @@ def decode_program(target_module, draft_module, *, max_len: int, config: DecodeC
       draft_encoded = draft_module.apply(draft_vars, encoder_tokens, method='encode')
     draft_cache = draft_module.apply(draft_vars, draft_encoded, encoder_tokens, cache_len,
                                      method='init_cache')
+    if config.copy_branch:
+      return tree_decoding.tree_speculative_decode(
+          target_fn, wrap('draft', _extend_fn(draft_module, draft_vars)), target_cache,
+          draft_cache, rng, encoder_tokens, batch=batch, max_len=max_len, config=config,
+          eos_id=eos_id, prompt=prompt)
     return decoding.speculative_decode(
         target_fn, wrap('draft', _extend_fn(draft_module, draft_vars)), target_cache,
         draft_cache, rng, batch=batch, max_len=max_len, config=config, eos_id=eos_id,
@@ -351,6 +357,9 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
                        '(models.py, auto_gamma.py); generate needs an integer gamma.')
     check_vocab_sizes(target_module, draft_module)
     check_feature_draft(target_module, draft_module)
+  why = tree_decoding.check(config, reads_features(draft_module), draft is not None)
+  if why:
+    raise ValueError(why)
   rng = jax.random.PRNGKey(0) if rng is None else rng
   fn = _compiled(target_module, draft_module, max_len=int(max_decode_length), config=config)
   mode = config.cpu_kernels

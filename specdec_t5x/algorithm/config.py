@@ -95,6 +95,11 @@ class DecodeConfig:
       with default settings; stored as a GammaPolicy.
     verifier: 'token' (Algorithm 1) or 'block' (block verification, Sun et al. 2025).
     lenience: l in (0, 1]; l < 1 is the paper's LOSSY relaxation (token verifier only).
+    copy_branch: tokens of a copy-from-input branch (prompt lookup: what followed the most
+      recent earlier occurrence of the last 1-3 tokens, in the encoder input or the
+      decoded prefix) verified beside the draft's chain in the same target call, as a
+      draft tree (tree_decoding.py; exact); 0 = the chain alone. With the token verifier,
+      the fixed gamma policy and lenience 1 only.
     cpu_kernels: on the CPU backend, which kernels the decode path runs
       (cpu_kernels.MODES): 'packed' (the packed matmul and row kernels, bfloat16 panels
       where bfloat16 holds the weights exactly), 'packed_f32' (float32 panels only),
@@ -112,6 +117,7 @@ class DecodeConfig:
   verifier: str = 'token'
   lenience: float = 1.0
   cpu_kernels: Optional[str] = None
+  copy_branch: int = 0
 
   def __post_init__(self):
     set_ = lambda name, value: object.__setattr__(self, name, value)
@@ -154,6 +160,14 @@ class DecodeConfig:
       raise ValueError("gamma_policy='confidence' is verified token-wise only: block "
                        'verification assumes draft lengths fixed before drafting.')
     set_('cpu_kernels', cpu_kernels.check_mode(self.cpu_kernels or cpu_kernels.default_mode()))
+    copy_branch = _integer(self.copy_branch)
+    if copy_branch is None or not 0 <= copy_branch <= MAX_GAMMA:
+      raise ValueError(f'copy_branch must be an integer in [0, {MAX_GAMMA}] (tokens of the '
+                       f'copy branch; 0 = none), got {self.copy_branch!r}.')
+    set_('copy_branch', copy_branch)
+    if copy_branch and (self.verifier != 'token' or policy.kind != 'fixed' or self.lossy):
+      raise ValueError("copy_branch (a draft tree) is verified with verifier='token', "
+                       "gamma_policy='fixed' and lenience=1 only.")
 
   def check_models(self, *, vocab_size: Optional[int], max_decode_length: int,
                    speculative: bool = True) -> None:
@@ -187,8 +201,8 @@ class DecodeConfig:
 
   def describe(self) -> Dict[str, Any]:
     """JSON-friendly settings (metrics.json's run settings). gamma_alpha only for
-    gamma='auto' and gamma_policy only when not 'fixed', so runs without them keep
-    the settings they always had."""
+    gamma='auto', gamma_policy only when not 'fixed' and copy_branch only when set, so
+    runs without them keep the settings they always had."""
     out: Dict[str, Any] = {'gamma': self.gamma}
     if self.gamma == 'auto':
       out['gamma_alpha'] = self.gamma_alpha
@@ -197,4 +211,6 @@ class DecodeConfig:
     out.update(temperature=self.temperature, topk=self.topk, topp=self.topp,
                lenience=self.lenience, lossy=self.lossy, verifier=self.verifier,
                cpu_kernels=self.cpu_kernels)
+    if self.copy_branch:
+      out['copy_branch'] = self.copy_branch
     return out

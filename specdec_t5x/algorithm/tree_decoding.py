@@ -1,0 +1,200 @@
+"""Speculative decoding over a draft TREE: the draft's chain and a copy branch, one target call.
+
+Each step (per row with n tokens so far) builds a tree of N = 1 + gamma + c nodes
+(tree.py's layout: parents [b, N], node 0 the root y_{n-1}):
+  * nodes 1..gamma: the draft's chain x_1..x_gamma, sampled from its q as in the chain
+    loop (node t's parent t - 1);
+  * nodes gamma + 1 .. gamma + c: the copy branch g_1..g_c (`copy_continuation`: the tokens
+    that followed the most recent earlier occurrence of the row's last 1-3 tokens, in the
+    encoder input or the decoded prefix), fixed guesses. While the guesses equal the chain
+    (g_1..g_j = x_1..x_j) they are the chain's own nodes (void here) and the next guess
+    hangs below chain node j; a guess without a match, past the known tokens or past the
+    row's room is void (its subtree too).
+ONE target call over the tree (`extend(..., tree=parents)`) gives p at every node;
+tree_accept's rules accept the longest target-consistent path (greedy: equal to greedy
+decoding token for token) or walk it by recursive rejection (sampled: exact for every
+temperature, top-k and top-p; the guesses depend only on the row's tokens and on the
+chain, which comes earlier in the nodes' order, as tree_accept requires). Then the path's
+tokens and the correction or bonus token are emitted, and `tree.compact` moves the path's
+keys and values to the slots a chain call over it writes: the target's cache holds the
+accepted path at consecutive positions, nothing of the other branches.
+
+The draft's first call each step re-feeds the last depth + 1 tokens (positions n - D .. n,
+D the tree's depth): the accepted path may have left its chain, so its cache is rewritten
+from where the chain could first have been wrong. The loop is otherwise decoding.py's.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+
+from specdec_t5x.algorithm import rows, sampling, tree, tree_accept
+from specdec_t5x.algorithm.config import DecodeConfig
+from specdec_t5x.algorithm.decoding import (ExtendFn, _emit, _finish, _init_state, _split_keys,
+                                            _with_prompt)
+from specdec_t5x.algorithm.drafting import draft_unrolled
+from specdec_t5x.algorithm.stats import DecodeStats
+
+COPY_NGRAM = 3  # the longest suffix the copy branch looks up
+
+
+def copy_continuation(encoder_tokens, seq, length, num: int, max_ngram: int = COPY_NGRAM):
+  """Prompt lookup, several tokens: -> (tokens [b, num] int32, known [b, num] bool).
+
+  The row's committed tokens are seq[:, 2:2 + length] (decoding.py's buffer). For n =
+  max_ngram..1 (longest first) its last n tokens are looked up in the encoder input
+  (0 = padding) and in the committed tokens before them; the most recent occurrence (a
+  decoded one counts as later than any encoder one) gives the `num` tokens after it.
+  `known` says which of them exist (inside the encoder input and not padding, or among the
+  committed tokens); none without a match.
+  """
+  b, enc_len = encoder_tokens.shape
+  out = seq[:, 2:]  # [b, T]: y_0, y_1, ...
+  hay = jnp.concatenate([encoder_tokens.astype(jnp.int32), out], axis=1)  # [b, H]
+  size = hay.shape[1]
+  h = jnp.arange(size)[None, :]  # [1, H]
+  in_enc = h < enc_len
+  width = max_ngram + num
+  ahead = jnp.pad(hay, ((0, 0), (0, width)))
+  shifted = [ahead[:, k:k + size] for k in range(width)]  # shifted[k][:, h] = hay[:, h + k]
+  start = jnp.full((b,), -1, jnp.int32)  # [b] the continuation's first haystack index
+  for n in range(1, max_ngram + 1):  # longer matches overwrite shorter ones
+    suffix = rows.window(jnp.pad(out, ((0, 0), (max_ngram, 0))), length + max_ngram - n, n)
+    match = (length >= n)[:, None] & jnp.ones((b, size), bool)
+    for k in range(n):
+      match &= shifted[k] == suffix[:, k:k + 1]
+    # In the encoder input: the match and its first continuation token, none of them padding.
+    enc_ok = in_enc & (h + n < enc_len)
+    for k in range(n + 1):
+      enc_ok &= shifted[k] != 0
+    # Among the committed tokens: ending before the suffix itself (its continuation known).
+    dec_ok = ~in_enc & (h - enc_len + n < length[:, None])
+    match &= enc_ok | dec_ok
+    last = (size - 1 - jnp.argmax(match[:, ::-1], axis=1)).astype(jnp.int32)  # most recent
+    start = jnp.where(jnp.any(match, axis=1), last + n, start)
+  index = start[:, None] + jnp.arange(num)[None, :]  # [b, num]
+  tokens = jnp.take_along_axis(hay, jnp.clip(index, 0, size - 1), axis=1)
+  from_enc = index < enc_len
+  known = (start[:, None] >= 0) & jnp.where(from_enc, tokens != 0,
+                                            index - enc_len < length[:, None])
+  known = jnp.cumprod(known.astype(jnp.int32), axis=1).astype(bool)  # a prefix of them
+  return jnp.where(known, tokens, 0), known
+
+
+def tree_layout(chain, copy, copy_known, num_drafted, limit):
+  """The step's tree. chain [b, g] (the draft's tokens), copy [b, c] and copy_known [b, c]
+  (copy_continuation), num_drafted [b] (chain nodes that count), limit [b] (the deepest
+  node that can count) -> (parents [b, N], node tokens [b, N - 1] (the root's excluded),
+  valid [b, N] (the root True), sampled [b, N] (the chain's nodes)), N = 1 + g + c."""
+  b, g = chain.shape
+  c = copy.shape[1]
+  depth = jnp.arange(1, c + 1)[None, :]  # [1, c] copy node j's depth, j + 1
+  same = jnp.zeros((b, c), bool)  # guesses 0..j equal chain 0..j, chain node j + 1 counting
+  if g:
+    same_j = jnp.concatenate([(copy[:, :g] == chain[:, :c]) & copy_known[:, :g],
+                              jnp.zeros((b, max(0, c - g)), bool)], axis=1)
+    same = jnp.cumprod(same_j.astype(jnp.int32), axis=1).astype(bool) & (depth <= num_drafted[:, None])
+  shared_before = jnp.pad(same[:, :-1], ((0, 0), (1, 0)))  # [b, c]: guess j's prefix is the chain's
+  copy_index = 1 + g + jnp.arange(c)[None, :]  # [1, c]
+  copy_parent = jnp.where(shared_before, depth - 1, copy_index - 1)
+  copy_parent = jnp.where(depth == 1, 0, copy_parent)
+  chain_parent = jnp.broadcast_to(jnp.arange(g)[None, :], (b, g))
+  parents = jnp.concatenate([jnp.full((b, 1), -1), chain_parent, copy_parent], axis=1)
+  chain_valid = jnp.arange(1, g + 1)[None, :] <= num_drafted[:, None]
+  copy_valid = copy_known & ~same & (depth <= limit[:, None])
+  valid = jnp.concatenate([jnp.ones((b, 1), bool), chain_valid, copy_valid], axis=1)
+  sampled = jnp.concatenate([jnp.zeros((b, 1), bool), jnp.ones((b, g), bool),
+                             jnp.zeros((b, c), bool)], axis=1)
+  return parents.astype(jnp.int32), jnp.concatenate([chain, copy], axis=1), valid, sampled
+
+
+def tree_speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, draft_cache,
+                            rng, encoder_tokens, *, batch: int, max_len: int,
+                            config: DecodeConfig, eos_id: int,
+                            prompt=None) -> Tuple[jax.Array, DecodeStats]:
+  """decoding.speculative_decode with a copy branch of config.copy_branch tokens beside the
+  draft's chain of config.gamma (the module docstring). Returns (tokens [b, max_len],
+  stats); the length histograms have max(gamma, copy_branch) + 1 entries."""
+  gamma, c, cfg = config.gamma, config.copy_branch, config.sampling
+  depth_max = max(gamma, c)
+  num_nodes = 1 + gamma + c
+  state = _init_state(batch, max_len, num_nodes, rng, target_cache, draft_cache, depth_max)
+  if prompt is not None:
+    state = _with_prompt(state, prompt, max_len, target_fn, draft_fn)
+
+  def step(cache, x, position):
+    logits, cache = draft_fn(cache, x[:, None], position)
+    return logits[:, 0], cache
+
+  def body(s):
+    rng, keys = _split_keys(s.rng, gamma + 2, cfg)  # gamma drafts, uniforms, correction
+    active = ~s.done
+    room = jnp.where(active, max_len - s.length - 1, 0)  # [b] tokens that can be drafted
+    num_steps = jnp.clip(jnp.max(room), 0, gamma)
+    limit = jnp.minimum(room, depth_max)
+    # The draft re-reads the last depth_max + 1 tokens (positions start .. start + D).
+    start = jnp.maximum(s.length - depth_max, -1)
+    logits, carry = draft_fn(s.draft_cache, rows.window(s.seq, start + 1, depth_max + 1), start)
+    first = (jnp.take_along_axis(logits, (s.length - start)[:, None, None], axis=1)[:, 0], carry)
+    xs, qs, draft_cache, _, _, draft_bad = draft_unrolled(first, step, s, keys, num_steps,
+                                                          gamma, cfg)
+    num_drafted = jnp.minimum(limit, num_steps)
+    copy, known = copy_continuation(encoder_tokens, s.seq, s.length, c)
+    parents, nodes, valid, sampled = tree_layout(xs, copy, known, num_drafted, limit)
+    last = rows.window(s.seq, s.length + 1, 1)  # [b, 1]
+    logits, target_cache = target_fn(s.target_cache, jnp.concatenate([last, nodes], 1),
+                                     s.length, False, (), parents)
+    tokens = jnp.concatenate([last, nodes], 1)  # [b, N]
+    if cfg.greedy:
+      best, bad = sampling.argmax_checked(logits)  # [b, N] each
+      path, n_acc, token = tree_accept.accept_greedy(parents, tokens, best, valid, depth_max)
+    else:
+      p, bad = sampling.standardize_checked(logits, cfg)  # [b, N, V]
+      q = jnp.concatenate([qs, jnp.zeros((batch, 1 + c) + qs.shape[2:], qs.dtype)], axis=1)
+      uniforms = jax.vmap(lambda k: jax.random.uniform(k, (num_nodes,)))(keys[:, gamma])
+      path, n_acc, dist = tree_accept.accept_sampled(parents, tokens, sampled, valid, p, q,
+                                                     uniforms, depth_max)
+      token = sampling.sample(keys[:, gamma + 1], dist)
+    bad = jnp.any(bad, axis=1)
+    target_cache = tree.compact(target_cache, s.length, path)
+    accepted = jnp.take_along_axis(tokens, path[:, 1:], axis=1)  # [b, D]
+    candidates = jnp.concatenate([accepted, jnp.zeros((batch, 1), jnp.int32)], 1)
+    candidates = jnp.where(jnp.arange(depth_max + 1)[None, :] == n_acc[:, None],
+                           token[:, None], candidates)  # [b, D + 1]
+    end = jnp.take_along_axis(path, n_acc[:, None], axis=1)  # [b, 1] the last accepted node
+    leaf = ~jnp.any(valid & (parents == end), axis=1)
+    verified = jnp.sum(valid[:, 1:], axis=1).astype(jnp.int32)  # candidates tested at most
+    act = active.astype(jnp.int32)
+    outcome = jnp.where(leaf, 2, jnp.minimum(n_acc, 1))
+    st = s.stats
+    st = st.replace(
+        step_outcomes=st.step_outcomes + jnp.sum(jax.nn.one_hot(outcome, 3, dtype=jnp.int32)
+                                                 * (act * (verified > 0))[:, None], axis=0),
+        target_calls=st.target_calls + act, drafted_tokens=st.drafted_tokens + verified * act,
+        accepted_tokens=st.accepted_tokens + n_acc * act,
+        accepted_length_histogram=st.accepted_length_histogram + jnp.sum(
+            jax.nn.one_hot(n_acc, depth_max + 1, dtype=jnp.int32) * act[:, None], axis=0),
+        draft_length_histogram=st.draft_length_histogram + jnp.sum(
+            jax.nn.one_hot(jnp.max(jnp.where(valid, tree.depths(parents), 0), axis=1),
+                           depth_max + 1, dtype=jnp.int32) * act[:, None], axis=0),
+        nonfinite_target_logits=st.nonfinite_target_logits | (bad & active),
+        nonfinite_draft_logits=st.nonfinite_draft_logits | (draft_bad & active))
+    s = s.replace(rng=rng, target_cache=target_cache, draft_cache=draft_cache, stats=st)
+    return _emit(s, candidates, n_acc + 1, max_len, eos_id)
+
+  state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+  return _finish(state, max_len, prompt)
+
+
+def check(config: DecodeConfig, draft_reads_features: bool, speculative: bool) -> Optional[str]:
+  """Why a copy branch cannot be verified with these settings (None: it can)."""
+  if not config.copy_branch:
+    return None
+  if not speculative:
+    return 'copy_branch needs a draft (its chain is the tree\'s first branch).'
+  if draft_reads_features:
+    return 'copy_branch is verified beside a token draft\'s chain, not a feature head\'s.'
+  return None
