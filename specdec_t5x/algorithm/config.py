@@ -172,14 +172,18 @@ class DecodeConfig:
   def check_models(self, *, vocab_size: Optional[int], max_decode_length: int,
                    speculative: bool = True) -> None:
     """Raises ValueError, before anything is traced, for settings the models and the
-    decode length cannot take: topk > the vocabulary (vocab_size None: not checked), or
-    an integer gamma > max_decode_length when drafting (`speculative`)."""
+    decode length cannot take: topk > the vocabulary (vocab_size None: not checked), an
+    integer gamma > max_decode_length when drafting (`speculative`), or copy_branch >
+    max_decode_length."""
     if vocab_size is not None and self.topk > vocab_size:
       raise ValueError(f'topk must be <= the vocabulary size ({vocab_size}), got '
                        f'{self.topk}.')
     if speculative and self.gamma != 'auto' and self.gamma > max_decode_length:
       raise ValueError(f'gamma must be <= max_decode_length ({max_decode_length}): a step '
                        f'never drafts more tokens than the decode holds; got {self.gamma}.')
+    if self.copy_branch > max_decode_length:
+      raise ValueError(f'copy_branch must be <= max_decode_length ({max_decode_length}), as '
+                       f'gamma: got {self.copy_branch}.')
 
   @classmethod
   def from_sampling(cls, cfg: sampling_lib.SamplingConfig, **fields: Any) -> 'DecodeConfig':

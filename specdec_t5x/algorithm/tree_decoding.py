@@ -48,8 +48,8 @@ def copy_continuation(encoder_tokens, seq, length, num: int, max_ngram: int = CO
   max_ngram..1 (longest first) its last n tokens are looked up in the encoder input
   (0 = padding) and in the committed tokens before them; the most recent occurrence (a
   decoded one counts as later than any encoder one) gives the `num` tokens after it.
-  `known` says which of them exist (inside the encoder input and not padding, or among the
-  committed tokens); none without a match.
+  `known` says which of them exist (for a match in the encoder input: inside it and not
+  padding; for one among the committed tokens: committed); none without a match.
   """
   b, enc_len = encoder_tokens.shape
   out = seq[:, 2:]  # [b, T]: y_0, y_1, ...
@@ -77,8 +77,8 @@ def copy_continuation(encoder_tokens, seq, length, num: int, max_ngram: int = CO
     start = jnp.where(jnp.any(match, axis=1), last + n, start)
   index = start[:, None] + jnp.arange(num)[None, :]  # [b, num]
   tokens = jnp.take_along_axis(hay, jnp.clip(index, 0, size - 1), axis=1)
-  from_enc = index < enc_len
-  known = (start[:, None] >= 0) & jnp.where(from_enc, tokens != 0,
+  in_encoder = (start < enc_len)[:, None]  # a match in the encoder input continues there only
+  known = (start[:, None] >= 0) & jnp.where(in_encoder, (index < enc_len) & (tokens != 0),
                                             index - enc_len < length[:, None])
   known = jnp.cumprod(known.astype(jnp.int32), axis=1).astype(bool)  # a prefix of them
   return jnp.where(known, tokens, 0), known

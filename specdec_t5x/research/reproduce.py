@@ -80,6 +80,7 @@ STEPS = (
     Step('block_verification', 'block_vs_token.py', ('--num_examples', '12')),
     Step('adaptive_gamma', 'adaptive_gamma.py', ('--rows=6', '--max_len=40')),
     Step('copy_draft', 'bench_copy_draft.py', ('--rows=8', '--repeats=2')),
+    Step('tree', 'tree_table.py', ('--rows=8', '--repeats=2')),
     Step('batch_throughput', 'bench_batch.py', ('--batches=1,4,16,64', '--gammas=2,4',
                                                 '--repeats=1')),
     Step('lenience', 'lenience_table.py', ('--rows=16', '--repeats=1')),
@@ -310,6 +311,12 @@ def _ceiling(d):
           f"{now['alpha_iid']:.2f}, {_x(now['speedup_measured'])} at gamma {now['gamma']}")
 
 
+def _tree(d):
+  return 'tokens per target call: ' + '; '.join(
+      f"{r['task']} {r['decode']} {r['mean_tokens_per_target_call']:.2f}"
+      for r in d['results'] if r['decode'] != 'AR')
+
+
 def _batch(d):
   return ', '.join(f"batch {r['batch']} gamma {r['gamma']}: {_x(r['speedup_vs_ar'])}"
                    for r in d['rows'] if r['gamma'] is not None)
@@ -322,7 +329,7 @@ HEADLINES: Dict[str, Callable[[Dict[str, Any]], str]] = {
     'alpha_demo': _alpha, 'demo_models': _models,
     'speedup_demo': _speedup, 'speedup_table_ende12': _efficiency_e2e, 'decode_costs': _decode_costs, 'cpu_kernels': _cpu_kernels,
     'peers': _peers, 'block_verification': _block,
-    'adaptive_gamma': _best_of('speedup_vs_ar'), 'copy_draft': _best_of('speedup'),
+    'adaptive_gamma': _best_of('speedup_vs_ar'), 'copy_draft': _best_of('speedup'), 'tree': _tree,
     'batch_throughput': _batch, 'lenience': _best_of('speedup_vs_ar'),
     'loop_efficiency': _loop_efficiency, 'loop_efficiency_batch8': _loop_efficiency,
     'loop_efficiency_t5_1_1_small': _loop_efficiency,
