@@ -193,6 +193,26 @@ def _split_keys(rng, num: int, cfg: sampling.SamplingConfig):
   return keys[:, 0], keys[:, 1:]
 
 
+def count_step(st: DecodeStats, active, *, drafted, accepted, draft_length, outcome, tested,
+               bad, draft_bad) -> DecodeStats:
+  """The counters after one speculative step, for the active rows [b]: one target call,
+  `drafted` candidates and `accepted` of them, the histograms of `accepted` and of
+  `draft_length` (each as wide as the stats' own), the step's `outcome` (0: nothing
+  accepted, 1: some, 2: all; counted where `tested`) and the nonfinite flags."""
+  act = active.astype(jnp.int32)
+  width = st.accepted_length_histogram.shape[0]
+  hist = lambda x: jnp.sum(jax.nn.one_hot(x, width, dtype=jnp.int32) * act[:, None], axis=0)
+  return st.replace(
+      step_outcomes=st.step_outcomes + jnp.sum(jax.nn.one_hot(outcome, 3, dtype=jnp.int32)
+                                               * (act * tested)[:, None], axis=0),
+      target_calls=st.target_calls + act, drafted_tokens=st.drafted_tokens + drafted * act,
+      accepted_tokens=st.accepted_tokens + accepted * act,
+      accepted_length_histogram=st.accepted_length_histogram + hist(accepted),
+      draft_length_histogram=st.draft_length_histogram + hist(draft_length),
+      nonfinite_target_logits=st.nonfinite_target_logits | (bad & active),
+      nonfinite_draft_logits=st.nonfinite_draft_logits | (draft_bad & active))
+
+
 def autoregressive_decode(target_fn: ExtendFn, target_cache, rng, *, batch: int, max_len: int,
                           config: DecodeConfig, eos_id: int,
                           prompt=None) -> Tuple[jax.Array, DecodeStats]:
@@ -308,20 +328,10 @@ def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, dr
     candidates = jnp.concatenate([xs, jnp.zeros((batch, 1), jnp.int32)], 1)
     candidates = jnp.where(jnp.arange(gamma + 1)[None, :] == n_acc[:, None],
                            token[:, None], candidates)  # [b, gamma + 1]
-    act = active.astype(jnp.int32)
     outcome = jnp.where(n_acc == num_drafted, 2, jnp.minimum(n_acc, 1))  # [b]: the branch
-    st = s.stats
-    st = st.replace(
-        step_outcomes=st.step_outcomes + jnp.sum(jax.nn.one_hot(outcome, 3, dtype=jnp.int32)
-                                                 * (act * (num_drafted > 0))[:, None], axis=0),
-        target_calls=st.target_calls + act, drafted_tokens=st.drafted_tokens + num_drafted * act,
-        accepted_tokens=st.accepted_tokens + n_acc * act,
-        accepted_length_histogram=st.accepted_length_histogram + jnp.sum(
-            jax.nn.one_hot(n_acc, gamma + 1, dtype=jnp.int32) * act[:, None], axis=0),
-        draft_length_histogram=st.draft_length_histogram + jnp.sum(
-            jax.nn.one_hot(num_drafted, gamma + 1, dtype=jnp.int32) * act[:, None], axis=0),
-        nonfinite_target_logits=st.nonfinite_target_logits | (bad & active),
-        nonfinite_draft_logits=st.nonfinite_draft_logits | (draft_bad & active))
+    st = count_step(s.stats, active, drafted=num_drafted, accepted=n_acc,
+                    draft_length=num_drafted, outcome=outcome, tested=num_drafted > 0, bad=bad,
+                    draft_bad=draft_bad)
     s = s.replace(
         rng=rng, target_cache=target_cache, draft_cache=draft_cache,
         draft_behind=((n_acc == steps) & (num_steps > 0) & (policy.kind != 'fixed')

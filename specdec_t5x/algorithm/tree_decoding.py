@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from specdec_t5x.algorithm import rows, sampling, tree, tree_accept
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.algorithm.decoding import (ExtendFn, _emit, _finish, _init_state, _split_keys,
-                                            _with_prompt)
+                                            _with_prompt, count_step)
 from specdec_t5x.algorithm.drafting import draft_unrolled
 from specdec_t5x.algorithm.stats import DecodeStats
 
@@ -167,21 +167,10 @@ def tree_speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cach
     end = jnp.take_along_axis(path, n_acc[:, None], axis=1)  # [b, 1] the last accepted node
     leaf = ~jnp.any(valid & (parents == end), axis=1)
     verified = jnp.sum(valid[:, 1:], axis=1).astype(jnp.int32)  # candidates tested at most
-    act = active.astype(jnp.int32)
-    outcome = jnp.where(leaf, 2, jnp.minimum(n_acc, 1))
-    st = s.stats
-    st = st.replace(
-        step_outcomes=st.step_outcomes + jnp.sum(jax.nn.one_hot(outcome, 3, dtype=jnp.int32)
-                                                 * (act * (verified > 0))[:, None], axis=0),
-        target_calls=st.target_calls + act, drafted_tokens=st.drafted_tokens + verified * act,
-        accepted_tokens=st.accepted_tokens + n_acc * act,
-        accepted_length_histogram=st.accepted_length_histogram + jnp.sum(
-            jax.nn.one_hot(n_acc, depth_max + 1, dtype=jnp.int32) * act[:, None], axis=0),
-        draft_length_histogram=st.draft_length_histogram + jnp.sum(
-            jax.nn.one_hot(jnp.max(jnp.where(valid, tree.depths(parents), 0), axis=1),
-                           depth_max + 1, dtype=jnp.int32) * act[:, None], axis=0),
-        nonfinite_target_logits=st.nonfinite_target_logits | (bad & active),
-        nonfinite_draft_logits=st.nonfinite_draft_logits | (draft_bad & active))
+    depth = jnp.max(jnp.where(valid, tree.depths(parents), 0), axis=1)  # [b] the tree's
+    st = count_step(s.stats, active, drafted=verified, accepted=n_acc, draft_length=depth,
+                    outcome=jnp.where(leaf, 2, jnp.minimum(n_acc, 1)), tested=verified > 0,
+                    bad=bad, draft_bad=draft_bad)
     s = s.replace(rng=rng, target_cache=target_cache, draft_cache=draft_cache, stats=st)
     return _emit(s, candidates, n_acc + 1, max_len, eos_id)
 
