@@ -167,7 +167,9 @@ def tree_speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cach
     end = jnp.take_along_axis(path, n_acc[:, None], axis=1)  # [b, 1] the last accepted node
     leaf = ~jnp.any(valid & (parents == end), axis=1)
     verified = jnp.sum(valid[:, 1:], axis=1).astype(jnp.int32)  # candidates tested at most
-    depth = jnp.max(jnp.where(valid, tree.depths(parents), 0), axis=1)  # [b] the tree's
+    # [b] the tree's depth: chain node t sits at depth t, copy node j at j + 1 (tree_layout)
+    node_depth = jnp.array([0] + list(range(1, gamma + 1)) + list(range(1, c + 1)))
+    depth = jnp.max(jnp.where(valid, node_depth[None, :], 0), axis=1)
     st = count_step(s.stats, active, drafted=verified, accepted=n_acc, draft_length=depth,
                     outcome=jnp.where(leaf, 2, jnp.minimum(n_acc, 1)), tested=verified > 0,
                     bad=bad, draft_bad=draft_bad)
