@@ -60,13 +60,17 @@ def test_a_running_python_process_makes_the_machine_busy(monkeypatch):
   """busy() sees only this process, its parent and the child through a narrowed /proc
   listing, on CPUs it reads as idle: another test worker's Python (pytest-xdist) or load
   cannot make it busy in the child's stead."""
-  child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])
+  # The child ignores SIGINT: an interrupt sent to the whole process group while the suite
+  # runs would otherwise end it before busy() reads its command line.
+  child = subprocess.Popen([sys.executable, '-c', 'import signal, time; '
+                            'signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)'])
   shown = [os.getpid(), os.getppid(), child.pid]
   listing = lambda pattern: [f'/proc/{pid}/cmdline' for pid in shown]
   monkeypatch.setattr(reproduce, 'glob', types.SimpleNamespace(glob=listing))
   monkeypatch.setattr(reproduce, 'cpu_busy_fraction', lambda window=2.0: 0.0)
   try:
     why = reproduce.busy()
+    assert child.poll() is None, f'the sleeping child ended early (exit {child.returncode})'
     assert why is not None and 'Python' in why and f'pid {child.pid}:' in why
     with pytest.raises(RuntimeError, match=f'Not timing x: .*pid {child.pid}:'):
       reproduce.run([reproduce.Step('x', 'nope.py')], root='/nonexistent')
