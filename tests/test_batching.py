@@ -91,7 +91,8 @@ class _RecordingModel:
     b = batch['encoder_input_tokens'].shape[0]
     decodes = np.tile(np.array([[5, 7, 1, 0]], np.int32), (b, 1))
     aux = {k: np.full((b,), 3, np.int32) for k in infer_run.COUNTERS}
-    return decodes, aux, {'accepted_length_histogram': np.array([1, 2], np.int32)}
+    return decodes, aux, {'accepted_length_histogram': np.array([1, 2], np.int32),
+                          'accepted_by_source': np.array([2, 0, 0], np.int32)}
 
 
 def test_runner_pads_to_buckets_and_times_only_compiled_shapes():

@@ -98,7 +98,10 @@ def test_stats_are_typed_and_read_as_a_mapping(target_and_draft):
   assert np.asarray(out.stats['target_calls']).shape == (3,)
   assert np.asarray(out.stats['accepted_length_histogram']).shape == (4,)
   assert out.stats['generated_tokens'] is out.stats.generated_tokens
-  assert set(dict(out.stats)) == set(out.stats.keys()) and len(out.stats) == 10
+  assert set(dict(out.stats)) == set(out.stats.keys()) and len(out.stats) == 11
+  # A chain's accepted tokens all come from the draft (stats.SOURCES' first entry).
+  np.testing.assert_array_equal(out.stats['accepted_by_source'],
+                                [np.sum(out.stats['accepted_tokens']), 0, 0])
   with pytest.raises(KeyError):
     out.stats['histogram']  # pylint: disable=pointless-statement
   # The histogram counts one entry per step of each decoding row: its sum is the calls.
@@ -125,7 +128,10 @@ def test_summarize_one_function_for_outputs_and_totals(target_and_draft):
   assert s['accepted_length_histogram'] == np.asarray(
       out.stats['accepted_length_histogram']).tolist()
   # Totals kept as plain numbers (as infer keeps them) summarise to the same.
-  totals = dict(raw, accepted_length_histogram=s['accepted_length_histogram'])
+  assert s['accepted_by_source'] == dict(zip(stats.SOURCES, np.asarray(
+      out.stats['accepted_by_source']).tolist()))
+  totals = dict(raw, accepted_length_histogram=s['accepted_length_histogram'],
+                accepted_by_source=np.asarray(out.stats['accepted_by_source']))
   assert stats.summarize(totals) == s
   assert not hasattr(models, 'summarize_stats')  # one summary: stats.summarize
   assert stats.summarize({})['alpha_empirical'] is None

@@ -22,6 +22,7 @@ from scipy import stats
 from conftest import make_model, tiny_config
 from specdec_t5x import generate
 from specdec_t5x.algorithm import api, sampling
+from specdec_t5x.algorithm import stats as stats_lib
 from specdec_t5x.algorithm import drafts
 
 VOCAB, EOS, MAX_LEN, ROWS = 4, 1, 5, 20000
@@ -72,16 +73,17 @@ def exact_probabilities(target, enc, cfg):
 
 
 def sample_counts(target, draft, enc, cfg, seed, gamma=2, verifier='token', rows=ROWS,
-                  **settings):
+                  sources=(), **settings):
   """{sequence: count} of `rows` decodes of each row of enc [n, L] (np.repeat: rows of one
   input are adjacent), sampled as `cfg` says; more DecodeConfig fields in `settings`. With a
-  draft, each branch of the acceptance rule must occur MIN_BRANCH times (logged)."""
+  draft, each branch of the acceptance rule must occur MIN_BRANCH times, and each of
+  `sources` (stats.SOURCES names) must supply MIN_BRANCH accepted tokens (logged)."""
   out = generate(target, np.repeat(enc, rows, 0), draft=draft, gamma=gamma, verifier=verifier,
                  temperature=cfg.temperature, topk=cfg.topk, topp=cfg.topp,
                  max_decode_length=MAX_LEN, eos_id=EOS, rng=jax.random.PRNGKey(seed),
                  **settings)
   if draft is not None:
-    require_branches(out.stats)
+    require_branches(out.stats, sources)
   return counts_of(out.tokens)
 
 
@@ -91,11 +93,16 @@ def counts_of(tokens):
   return {tuple(s): c for s, c in zip(seqs.tolist(), counts)}
 
 
-def require_branches(stats):
-  """Logs a speculative sample's step outcomes and requires MIN_BRANCH of each branch."""
+def require_branches(stats, sources=()):
+  """Logs a speculative sample's step outcomes and requires MIN_BRANCH of each branch, and
+  MIN_BRANCH accepted tokens from each of `sources` (a draft tree's kinds of node: logged
+  with the accepted tokens of every source)."""
   hits = dict(zip(BRANCHES, np.asarray(stats['step_outcomes']).tolist()))
-  BRANCH_LOG.append(hits)
+  supplied = dict(zip(stats_lib.SOURCES, np.asarray(stats['accepted_by_source']).tolist()))
+  BRANCH_LOG.append(dict(hits, **{f'accepted from {k}': supplied[k] for k in sources}))
   assert min(hits.values()) >= MIN_BRANCH, f'a branch of the rule is barely exercised: {hits}'
+  assert all(supplied[k] >= MIN_BRANCH for k in sources), (
+      f'a kind of tree node is barely accepted: {supplied}')
 
 
 

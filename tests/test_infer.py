@@ -148,6 +148,8 @@ def test_end_to_end_outputs(env, full_run):
   assert metrics['device_kind'] and metrics['num_examples'] == NUM_EXAMPLES
   assert 'git_revision' in metrics and metrics['resumed_chunks'] == 0
   assert metrics['inputs_at_length_limit'] == 0
+  assert metrics['accepted_by_source'] == {  # a chain: every accepted token the draft's
+      'draft_chain': metrics['accepted_tokens'], 'copy_branch': 0, 'draft_siblings': 0}
   config = (out / 'config.gin').read_text()
   assert 'GAMMA = 7' in config and "MIXTURE_OR_TASK_NAME = 'specdec_wmt_t2t_ende_v003'" in config
 
@@ -168,6 +170,23 @@ def test_interrupted_run_resumes_to_the_identical_file(env, full_run):
   for key in stats.PER_EXAMPLE_STATS + ('accepted_length_histogram', 'metrics'):
     assert metrics[key] == full_run[1][key], key
   assert sorted(os.listdir(out)) == ['config.gin', 'metrics.json', OUTPUT]
+
+
+def test_a_draft_tree_decodes_as_the_chain_and_says_what_it_accepted(env, full_run):
+  """A copy branch and the draft's siblings set from gin: the chain run's predictions (both
+  greedy), both settings in metrics.json and the run's identity, and the accepted tokens
+  split by what proposed them."""
+  out = env['root'] / 'tree'
+  metrics = infer.main(_flags(env, out, '--gin.config.DecodeConfig.copy_branch=2',
+                              '--gin.config.DecodeConfig.draft_siblings=(2, 1)'))
+  tree, chain = _lines(out / OUTPUT), _lines(full_run[0] / OUTPUT)
+  assert [r['prediction'] for r in tree] == [r['prediction'] for r in chain]
+  assert (metrics['copy_branch'], metrics['draft_siblings']) == (2, [2, 1])
+  by_source = metrics['accepted_by_source']
+  assert sum(by_source.values()) == metrics['accepted_tokens'] and by_source['draft_chain']
+  assert metrics['target_calls'] <= full_run[1]['target_calls']
+  with pytest.raises(ValueError, match=r"other settings \(changed: \['draft_siblings'\]\)"):
+    infer.main(_flags(env, out, '--gin.config.DecodeConfig.copy_branch=2'))
 
 
 def test_autoregressive_baseline_equals_greedy_speculative(env, full_run):

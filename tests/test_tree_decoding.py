@@ -1,20 +1,22 @@
-"""Tree verification driven by generate (copy_branch > 0; algorithm/tree_decoding.py): each
-step verifies the draft's chain and a copy branch (prompt lookup: fixed guesses) in one
-target call, and stays exact.
+"""Tree verification driven by generate (copy_branch or draft_siblings set;
+algorithm/tree_decoding.py): each step verifies the draft's chain, a copy branch (prompt
+lookup) and the draft's runner-up tokens beside each chain token (siblings), the last two
+fixed guesses, in one target call, and stays exact.
 
 * Greedy: token for token the target's greedy decoding (batch 1 and 3, rows of different
   lengths, EOS mid-batch, a decoder prompt), and the copy branch's tokens really are
-  accepted: more tokens per target call than the chain with the same draft, and with a
-  draft that is never right every accepted token is a copied one.
+  accepted: more tokens per target call than the chain with the same draft, siblings
+  accepted, and with a draft that is never right every accepted token is a copied one.
 * Sampled: the enumerated sequence law of test_distribution (V = 4, 5 tokens) by
   chi-square for temperature 1, top-k and top-p, every outcome of a step (nothing accepted,
-  some, a leaf reached) MIN_BRANCH times; rows of different inputs each follow their own
-  law; a rule that accepts a fixed guess with probability p(x) instead of the residual
-  r(x) fails the same test.
-* Settings a tree cannot be verified with raise, naming copy_branch.
+  some, a leaf reached) and MIN_BRANCH tokens accepted from each kind of guess the tree
+  has; rows of different inputs each follow their own law; a rule that accepts a fixed
+  guess with probability p(x) instead of the residual r(x) fails the same test, for the
+  copy branch and for the siblings.
+* Settings a tree cannot be verified with raise, naming copy_branch or draft_siblings.
 
-Few distinct programs: each (batch, gamma, copy_branch, sampling, draft, max_len, prompt)
-compiles one.
+Few distinct programs: each (batch, gamma, copy_branch, draft_siblings, sampling, draft,
+max_len, prompt) compiles one.
 """
 
 import collections
@@ -51,6 +53,7 @@ def _check_stats(stats, depth, tokens, eos):
   assert s['draft_length_histogram'].sum() == steps
   assert s['accepted_length_histogram'] @ np.arange(depth + 1) == s['accepted_tokens'].sum()
   assert s['step_outcomes'].sum() <= steps
+  assert s['accepted_by_source'].sum() == s['accepted_tokens'].sum()
   # Each step emits its accepted tokens and one more; only an EOS cuts a step's tokens.
   emitted = s['accepted_tokens'] + s['target_calls']
   assert np.all(s['generated_tokens'] <= emitted) and np.all(s['target_calls'] >= 1)
@@ -71,22 +74,37 @@ def _own_output(target, batch, seed):
   return out
 
 
-GREEDY = {  # name: (batch, gamma, copy_branch, draft, decoder prompt)
-    'b1_g1_c2': (1, 1, 2, 'model', False),
-    'b3_g3_c4_eos': (3, 3, 4, 'model', False),
-    'b3_g1_c4_useless_draft': (3, 1, 4, 'useless', False),
-    'b1_g3_c4_copydraft_prompt': (1, 3, 4, 'copy', True),
+def _noisy(params, scale=0.6):
+  """The target's params with Gaussian noise of `scale` times each array's spread: a draft
+  whose first choice often differs from the target's while its second often agrees (the
+  random small draft rarely ranks the target's choice second: siblings would go untested)."""
+  leaves, treedef = jax.tree_util.tree_flatten(params)
+  keys = jax.random.split(jax.random.PRNGKey(5), len(leaves))
+  return jax.tree_util.tree_unflatten(treedef, [
+      x + scale * jnp.std(x) * jax.random.normal(k, x.shape, x.dtype)
+      for x, k in zip(leaves, keys)])
+
+
+GREEDY = {  # name: (batch, gamma, copy_branch, draft_siblings, draft, decoder prompt)
+    'b1_g1_c2': (1, 1, 2, 0, 'model', False),
+    'b3_g3_c4_eos': (3, 3, 4, 0, 'model', False),
+    'b3_g1_c4_useless_draft': (3, 1, 4, 0, 'useless', False),
+    'b1_g3_c4_copydraft_prompt': (1, 3, 4, 0, 'copy', True),
+    'b1_g2_s2': (1, 2, 0, 2, 'model', False),
+    'b3_g3_s21_eos': (3, 3, 0, (2, 1), 'noisy', False),
 }
 
 
 @pytest.mark.parametrize('name', list(GREEDY))
 def test_greedy_tree_equals_greedy_target(target_and_draft, name):
-  batch, gamma, c, kind, with_prompt = GREEDY[name]
+  batch, gamma, c, siblings, kind, with_prompt = GREEDY[name]
   target, model = target_and_draft
   draft = {'model': model,
            'useless': (UnigramDraft(VOCAB), {'logits': jnp.zeros((VOCAB,), jnp.float32)}),
-           'copy': (CopyDraft(VOCAB), {})}[kind]
+           'copy': (CopyDraft(VOCAB), {}),
+           'noisy': (target[0], _noisy(target[1]))}[kind]
   totals, lengths = collections.Counter(), []
+  source = np.zeros(3, np.int64)  # the tree's accepted tokens by stats.SOURCES index
   for seed in range(3):
     enc = _own_output(target, batch, seed)
     # batch 3: an EOS that ends rows at different times; batch 1: none (L tokens to copy in)
@@ -94,12 +112,14 @@ def test_greedy_tree_equals_greedy_target(target_and_draft, name):
     prompt = enc[:, :3] if with_prompt else None  # the target's own first tokens
     args = dict(max_decode_length=L, eos_id=eos, decoder_prompt=prompt)
     ar = generate(target, enc, **args)
-    tree = generate(target, enc, draft=draft, gamma=gamma, copy_branch=c, **args)
+    tree = generate(target, enc, draft=draft, gamma=gamma, copy_branch=c,
+                    draft_siblings=siblings, **args)
     msg = f'{name} seed={seed} eos={eos}'
     np.testing.assert_array_equal(tree.tokens, ar.tokens, err_msg=msg)
     np.testing.assert_array_equal(tree.stats['generated_tokens'], ar.stats['generated_tokens'])
     s = _check_stats(tree.stats, max(gamma, c), tree.tokens, eos)
     lengths.append(s['generated_tokens'])
+    source += s['accepted_by_source']
     if kind == 'useless':  # greedy q is one-hot on token 0, which the target never emits:
       # no chain node is ever accepted, every accepted token is a copied one
       assert not np.any(np.asarray(ar.tokens)[np.arange(L) < s['generated_tokens'][:, None]] == 0)
@@ -117,9 +137,13 @@ def test_greedy_tree_equals_greedy_target(target_and_draft, name):
         totals[key, field] += int(np.sum(st[field]))
   if batch > 1:  # EOS ended rows at different times, some before L
     assert any(len(set(n.tolist())) > 1 and n.min() < L for n in lengths), lengths
+  assert bool(source[2]) == bool(siblings), source
+  if kind != 'copy':  # (a copying draft's chain is the copy branch: its nodes are shared)
+    assert bool(source[1]) == bool(c), source
   if kind == 'useless':  # the chain alone would take one token per call
     assert totals['tree', 'accepted_tokens'] >= 0.2 * totals['tree', 'generated_tokens'], (
         dict(totals))
+    assert source[1] == totals['tree', 'accepted_tokens'], source  # all copied
   elif not with_prompt:
     rate = {k: totals[k, 'generated_tokens'] / totals[k, 'target_calls']
             for k in ('tree', 'chain')}
@@ -133,10 +157,12 @@ def test_greedy_tree_equals_greedy_target(target_and_draft, name):
 # whose lookups of 3s and 2s match, and the copy branch's guesses are often tested after
 # the chain's node was rejected (which the broken control needs).
 ENC = np.array([[3, 3, 3, 2, 3, 3, 3, 2]], np.int32)
-SAMPLED = {  # name: (sampling, copy_branch, seed)
-    't1': (sampling.SamplingConfig(1.0), 3, 21),
-    'topk3': (sampling.SamplingConfig(1.0, topk=3), 2, 22),
-    'topp0.7': (sampling.SamplingConfig(0.8, topp=0.7), 3, 23),
+SAMPLED = {  # name: (sampling, copy_branch, draft_siblings, seed)
+    't1': (sampling.SamplingConfig(1.0), 3, 0, 21),
+    'topk3': (sampling.SamplingConfig(1.0, topk=3), 2, 0, 22),
+    'topp0.8': (sampling.SamplingConfig(1.0, topp=0.8), 3, 0, 23),
+    't1_siblings': (sampling.SamplingConfig(1.0), 0, (2, 1), 25),
+    'topk3_copy_siblings': (sampling.SamplingConfig(1.0, topk=3), 2, 1, 26),
 }
 GAMMA = 2
 
@@ -150,10 +176,12 @@ def models():
 
 
 def _tree_pvalue(target, draft, name):
-  cfg, c, seed = SAMPLED[name]
+  cfg, c, siblings, seed = SAMPLED[name]
   exact = td.exact_probabilities(target, ENC, cfg)
   assert abs(sum(exact.values()) - 1) < 1e-5
-  counts = td.sample_counts(target, draft, ENC, cfg, seed=seed, gamma=GAMMA, copy_branch=c)
+  sources = ('copy_branch',) * bool(c) + ('draft_siblings',) * bool(siblings)
+  counts = td.sample_counts(target, draft, ENC, cfg, seed=seed, gamma=GAMMA, copy_branch=c,
+                            draft_siblings=siblings, sources=sources)
   return td.chi2_pvalue(exact, counts)
 
 
@@ -168,7 +196,7 @@ def test_rows_of_different_inputs_each_follow_their_own_law(models):
   """Two inputs of different lengths in one batch (t1's program), the rows of each
   adjacent: each input's rows follow its own exact law."""
   target, draft = models
-  cfg, c, _ = SAMPLED['t1']
+  cfg, c, _, _ = SAMPLED['t1']
   enc = np.concatenate([ENC, [[3, 3, 0, 0, 0, 0, 0, 0]]]).astype(np.int32)
   half = td.ROWS // 2
   out = generate(target, np.repeat(enc, half, 0), draft=draft, gamma=GAMMA, copy_branch=c,
@@ -217,14 +245,15 @@ def _at(p, node):
   return jnp.take_along_axis(p, node[:, None, None], axis=1)[:, 0]
 
 
-def test_guess_accepted_with_p_instead_of_the_residual_is_detected(models, monkeypatch):
-  """The control: t1's test, with fixed guesses accepted with probability p(x) after a
-  rejected sibling instead of r(x), must fail (the copy branch is tested after a rejected
-  chain node often enough to show it)."""
+@pytest.mark.parametrize('name', ['t1', 't1_siblings'])
+def test_guess_accepted_with_p_instead_of_the_residual_is_detected(models, monkeypatch, name):
+  """The control: the test of `name` (a copy branch; siblings), with fixed guesses
+  accepted with probability p(x) after a rejected sibling instead of r(x), must fail (the
+  guesses are tested after a rejected chain node often enough to show it)."""
   target, draft = models
   monkeypatch.setattr(tree_accept, 'accept_sampled', _guess_accepted_with_p)
   monkeypatch.setattr(api, '_COMPILED', collections.OrderedDict())
-  assert _tree_pvalue(target, draft, 't1') < 1e-6
+  assert _tree_pvalue(target, draft, name) < 1e-6
 
 
 @pytest.mark.parametrize('settings', [
@@ -236,6 +265,43 @@ def test_settings_a_tree_cannot_take_raise(target_and_draft, settings):
   settings = dict(dict(copy_branch=2), **settings)
   with pytest.raises(ValueError, match='copy_branch'):
     generate(target, random_inputs(1, 4, VOCAB), draft=draft, max_decode_length=4, **settings)
+
+
+@pytest.mark.parametrize('settings', [
+    dict(verifier='block'), dict(gamma_policy='confidence'), dict(lenience=0.5),
+    dict(draft_siblings=-1), dict(draft_siblings=9), dict(draft_siblings=(1, 1.5)),
+    dict(draft_siblings='2'), dict(draft_siblings=(1, 1, 1)), dict(draft_siblings=VOCAB),
+    dict(gamma='auto')], ids=lambda s: '-'.join(f'{k}={v}' for k, v in s.items()))
+def test_siblings_a_tree_cannot_take_raise(target_and_draft, settings):
+  """As for copy_branch; also more depths than gamma = 2, and more siblings than the
+  vocabulary has beside the draft's own token."""
+  target, draft = target_and_draft
+  settings = dict(dict(draft_siblings=1, gamma=2), **settings)
+  with pytest.raises(ValueError, match='draft_siblings'):
+    generate(target, random_inputs(1, 4, VOCAB), draft=draft, max_decode_length=4, **settings)
+
+
+def test_draft_siblings_as_configuration():
+  """An int means that many at every depth of the chain; trailing zeros are dropped; none
+  is the chain's own configuration; describe() lists them only when set."""
+  assert DecodeConfig(gamma=3, draft_siblings=2).draft_siblings == (2, 2, 2)
+  assert DecodeConfig(gamma=3, draft_siblings=[1, 0, 0]).draft_siblings == (1,)
+  assert DecodeConfig(draft_siblings=0) == DecodeConfig(draft_siblings=()) == DecodeConfig()
+  assert not DecodeConfig().tree and DecodeConfig(gamma=2, draft_siblings=(0, 1)).tree
+  assert DecodeConfig(gamma=2, draft_siblings=(0, 1), copy_branch=3).tree_nodes == 6
+  assert 'draft_siblings' not in DecodeConfig().describe()
+  assert DecodeConfig(gamma=2, draft_siblings=(2, 1)).describe()['draft_siblings'] == [2, 1]
+  DecodeConfig(gamma=2, draft_siblings=(1, 7)).check_models(vocab_size=8, max_decode_length=4)
+  with pytest.raises(ValueError, match='draft_siblings must be < the vocabulary size'):
+    DecodeConfig(gamma=2, draft_siblings=(1, 8)).check_models(vocab_size=8, max_decode_length=4)
+
+
+def test_runner_up_is_the_drafts_next_choices_without_its_own():
+  logits = jnp.array([[0.1, 3.0, 2.0, 2.0, -1.0], [5.0, 1.0, 4.0, 0.0, 3.0]])
+  np.testing.assert_array_equal(tree_decoding.runner_up(logits, jnp.array([1, 2]), 2),
+                                [[2, 3], [0, 4]])  # ties: the lower id first
+  np.testing.assert_array_equal(tree_decoding.runner_up(logits, jnp.array([4, 4]), 3),
+                                [[1, 2, 3], [0, 2, 1]])  # a sampled token outside the top
 
 
 def test_copy_branch_needs_a_token_draft(target_and_draft):

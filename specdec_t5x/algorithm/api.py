@@ -224,7 +224,7 @@ def decode_program(target_module, draft_module, *, max_len: int, config: DecodeC
     # Every write fits (rows.update_all drops a call's writes for all rows when one row's
     # window does not, and the stats say so; drafting.feature_drafter keeps a finished
     # row's re-feed inside).
-    drafted = config.gamma + config.copy_branch if draft_module is not None else 0
+    drafted = config.tree_nodes if draft_module is not None else 0
     cache_len = decoding.cache_length(max_len, drafted)  # a tree's N - 1 nodes beyond the root
     encoded = target_module.apply(target_vars, encoder_tokens, method='encode')
     target_cache = target_module.apply(target_vars, encoded, encoder_tokens, cache_len,
@@ -243,7 +243,7 @@ def decode_program(target_module, draft_module, *, max_len: int, config: DecodeC
       draft_encoded = draft_module.apply(draft_vars, encoder_tokens, method='encode')
     draft_cache = draft_module.apply(draft_vars, draft_encoded, encoder_tokens, cache_len,
                                      method='init_cache')
-    if config.copy_branch:
+    if config.tree:
       return tree_decoding.tree_speculative_decode(
           target_fn, wrap('draft', _extend_fn(draft_module, draft_vars)), target_cache,
           draft_cache, rng, encoder_tokens, batch=batch, max_len=max_len, config=config,

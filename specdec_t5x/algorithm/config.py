@@ -9,7 +9,7 @@ Frozen and hashable: it is a static argument under jit.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 from specdec_t5x.algorithm import cpu_kernels
 from specdec_t5x.algorithm import sampling as sampling_lib
@@ -73,6 +73,7 @@ def _number(name: str, value: Any) -> float:
 # compile time grows with gamma; the paper's best gammas are 3-7 and gamma='auto' picks
 # at most 8. A decode also never drafts more than max_decode_length tokens (check_models).
 MAX_GAMMA = 64
+MAX_SIBLINGS = 8  # per depth: the draft's alternatives beyond its own pick
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +101,11 @@ class DecodeConfig:
       decoded prefix) verified beside the draft's chain in the same target call, as a
       draft tree (tree_decoding.py; exact); 0 = the chain alone. With the token verifier,
       the fixed gamma policy and lenience 1 only.
+    draft_siblings: the draft's next most likely tokens after its own pick, verified as
+      leaf guesses beside the chain's token at the same depth (a static draft tree in one
+      target call, tree_decoding.py; exact): k (k at every depth 1..gamma) or a tuple of
+      per-depth counts (k_1, k_2, ...), at most gamma of them; 0 or () = none. The same
+      settings as copy_branch only.
     cpu_kernels: on the CPU backend, which kernels the decode path runs
       (cpu_kernels.MODES): 'packed' (the packed matmul and row kernels, bfloat16 panels
       where bfloat16 holds the weights exactly), 'packed_f32' (float32 panels only),
@@ -118,6 +124,7 @@ class DecodeConfig:
   lenience: float = 1.0
   cpu_kernels: Optional[str] = None
   copy_branch: int = 0
+  draft_siblings: Union[int, Tuple[int, ...]] = ()
 
   def __post_init__(self):
     set_ = lambda name, value: object.__setattr__(self, name, value)
@@ -165,9 +172,39 @@ class DecodeConfig:
       raise ValueError(f'copy_branch must be an integer in [0, {MAX_GAMMA}] (tokens of the '
                        f'copy branch; 0 = none), got {self.copy_branch!r}.')
     set_('copy_branch', copy_branch)
-    if copy_branch and (self.verifier != 'token' or policy.kind != 'fixed' or self.lossy):
-      raise ValueError("copy_branch (a draft tree) is verified with verifier='token', "
-                       "gamma_policy='fixed' and lenience=1 only.")
+    set_('draft_siblings', self._siblings())
+    if self.tree and (self.verifier != 'token' or policy.kind != 'fixed' or self.lossy):
+      raise ValueError("copy_branch and draft_siblings (a draft tree) are verified with "
+                       "verifier='token', gamma_policy='fixed' and lenience=1 only.")
+
+  def _siblings(self) -> Tuple[int, ...]:
+    """draft_siblings as per-depth counts without trailing zeros, or a ValueError."""
+    value = self.draft_siblings
+    counts = [value] if _integer(value) is not None else value
+    counts = [_integer(k) for k in counts] if isinstance(counts, (list, tuple)) else [None]
+    if any(k is None or not 0 <= k <= MAX_SIBLINGS for k in counts):
+      raise ValueError(f'draft_siblings must be an integer in [0, {MAX_SIBLINGS}] or a '
+                       f'tuple of them (per depth), got {value!r}.')
+    if _integer(value) is not None:  # k at every depth of the chain
+      counts = counts * (self.gamma if isinstance(self.gamma, int) else 0)
+      if value and self.gamma == 'auto':
+        raise ValueError("draft_siblings needs an integer gamma, not 'auto'.")
+    while counts and not counts[-1]:
+      counts.pop()
+    if isinstance(self.gamma, int) and len(counts) > self.gamma:
+      raise ValueError(f'draft_siblings names {len(counts)} depths; the chain has gamma = '
+                       f'{self.gamma}.')
+    return tuple(counts)
+
+  @property
+  def tree(self) -> bool:
+    """True when a step verifies a draft tree (copy_branch or draft_siblings set)."""
+    return bool(self.copy_branch or self.draft_siblings)
+
+  @property
+  def tree_nodes(self) -> int:
+    """Draft tokens one step verifies: gamma + copy_branch + the siblings (an int gamma)."""
+    return self.gamma + self.copy_branch + sum(self.draft_siblings)
 
   def check_models(self, *, vocab_size: Optional[int], max_decode_length: int,
                    speculative: bool = True) -> None:
@@ -181,6 +218,9 @@ class DecodeConfig:
     if speculative and self.gamma != 'auto' and self.gamma > max_decode_length:
       raise ValueError(f'gamma must be <= max_decode_length ({max_decode_length}): a step '
                        f'never drafts more tokens than the decode holds; got {self.gamma}.')
+    if vocab_size is not None and max(self.draft_siblings, default=0) >= vocab_size:
+      raise ValueError(f'draft_siblings must be < the vocabulary size ({vocab_size}) at '
+                       f'every depth, got {self.draft_siblings}.')
     if self.copy_branch > max_decode_length:
       raise ValueError(f'copy_branch must be <= max_decode_length ({max_decode_length}), as '
                        f'gamma: got {self.copy_branch}.')
@@ -205,7 +245,7 @@ class DecodeConfig:
 
   def describe(self) -> Dict[str, Any]:
     """JSON-friendly settings (metrics.json's run settings). gamma_alpha only for
-    gamma='auto', gamma_policy only when not 'fixed' and copy_branch only when set, so
+    gamma='auto', gamma_policy only when not 'fixed', copy_branch and draft_siblings only when set, so
     runs without them keep the settings they always had."""
     out: Dict[str, Any] = {'gamma': self.gamma}
     if self.gamma == 'auto':
@@ -217,4 +257,6 @@ class DecodeConfig:
                cpu_kernels=self.cpu_kernels)
     if self.copy_branch:
       out['copy_branch'] = self.copy_branch
+    if self.draft_siblings:
+      out['draft_siblings'] = list(self.draft_siblings)
     return out

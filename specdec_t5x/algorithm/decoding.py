@@ -117,7 +117,8 @@ def _init_state(batch, max_len, extra, rng, target_cache, draft_cache, gamma):
           nonfinite_target_logits=jnp.zeros((batch,), bool),
           nonfinite_draft_logits=jnp.zeros((batch,), bool),
           skipped_cache_writes=jnp.zeros((batch,), bool),
-          step_outcomes=jnp.zeros((3,), jnp.int32)))
+          step_outcomes=jnp.zeros((3,), jnp.int32),
+          accepted_by_source=jnp.zeros((3,), jnp.int32)))
 
 
 def _with_prompt(state: DecodeState, prompt, max_len: int, target_fn: ExtendFn,
@@ -194,15 +195,20 @@ def _split_keys(rng, num: int, cfg: sampling.SamplingConfig):
 
 
 def count_step(st: DecodeStats, active, *, drafted, accepted, draft_length, outcome, tested,
-               bad, draft_bad) -> DecodeStats:
+               bad, draft_bad, by_source=None) -> DecodeStats:
   """The counters after one speculative step, for the active rows [b]: one target call,
   `drafted` candidates and `accepted` of them, the histograms of `accepted` and of
   `draft_length` (each as wide as the stats' own), the step's `outcome` (0: nothing
-  accepted, 1: some, 2: all; counted where `tested`) and the nonfinite flags."""
+  accepted, 1: some, 2: all; counted where `tested`), the accepted tokens by source
+  (`by_source` [b, 3], stats.SOURCES; None: all from the draft's chain) and the nonfinite
+  flags."""
   act = active.astype(jnp.int32)
   width = st.accepted_length_histogram.shape[0]
   hist = lambda x: jnp.sum(jax.nn.one_hot(x, width, dtype=jnp.int32) * act[:, None], axis=0)
+  if by_source is None:
+    by_source = jax.nn.one_hot(jnp.zeros_like(accepted), 3, dtype=jnp.int32) * accepted[:, None]
   return st.replace(
+      accepted_by_source=st.accepted_by_source + jnp.sum(by_source * act[:, None], axis=0),
       step_outcomes=st.step_outcomes + jnp.sum(jax.nn.one_hot(outcome, 3, dtype=jnp.int32)
                                                * (act * tested)[:, None], axis=0),
       target_calls=st.target_calls + act, drafted_tokens=st.drafted_tokens + drafted * act,

@@ -16,6 +16,10 @@ import numpy as np
 
 # Per-row counters: summed over rows and batches they give a run's totals.
 PER_EXAMPLE_STATS = ('target_calls', 'drafted_tokens', 'accepted_tokens', 'generated_tokens')
+# Counted over a batch's rows (not per example): summed batch by batch into a run's.
+BATCH_STATS = ('accepted_length_histogram', 'accepted_by_source')
+# What proposed an accepted token (DecodeStats.accepted_by_source's entries, in order).
+SOURCES = ('draft_chain', 'copy_branch', 'draft_siblings')
 
 
 @flax.struct.dataclass
@@ -36,6 +40,9 @@ class DecodeStats(Mapping):
   # (1) a later draft rejected, (2) every draft accepted (the bonus token): the branches of
   # the acceptance rule, counted over rows
   step_outcomes: jax.Array
+  # [3] int32: accepted draft tokens by what proposed them, counted over rows (SOURCES):
+  # the draft's chain, a draft tree's copy branch, a draft tree's siblings
+  accepted_by_source: jax.Array
 
   def __getitem__(self, key: str) -> jax.Array:
     if key not in _FIELDS:
@@ -58,8 +65,8 @@ def summarize(stats: Mapping[str, Any]) -> Dict[str, Any]:
   `stats`: a DecodeStats (per-row arrays are summed over rows) or totals already summed
   (scalars, as infer keeps them). Returns the four counters as ints, alpha_empirical =
   accepted / drafted tokens and mean_tokens_per_target_call = generated tokens / target
-  calls (None when the denominator is 0), and the accepted_length_histogram as a list
-  (None when absent).
+  calls (None when the denominator is 0), the accepted_length_histogram as a list and
+  accepted_by_source as {SOURCES[i]: count} (each None when absent).
   """
   out: Dict[str, Any] = {k: int(np.sum(np.asarray(stats.get(k, 0)))) for k in PER_EXAMPLE_STATS}
   out['alpha_empirical'] = (out['accepted_tokens'] / out['drafted_tokens']
@@ -69,4 +76,7 @@ def summarize(stats: Mapping[str, Any]) -> Dict[str, Any]:
   histogram = stats.get('accepted_length_histogram')
   out['accepted_length_histogram'] = (None if histogram is None
                                       else np.asarray(histogram).tolist())
+  by_source = stats.get('accepted_by_source')
+  out['accepted_by_source'] = (None if by_source is None else
+                               dict(zip(SOURCES, np.asarray(by_source).tolist())))
   return out

@@ -1,6 +1,7 @@
-"""Speculative decoding over a draft TREE: the draft's chain and a copy branch, one target call.
+"""Speculative decoding over a draft TREE: the draft's chain, its runner-up tokens and a copy
+branch, one target call.
 
-Each step (per row with n tokens so far) builds a tree of N = 1 + gamma + c nodes
+Each step (per row with n tokens so far) builds a tree of N = 1 + gamma + c + S nodes
 (tree.py's layout: parents [b, N], node 0 the root y_{n-1}):
   * nodes 1..gamma: the draft's chain x_1..x_gamma, sampled from its q as in the chain
     loop (node t's parent t - 1);
@@ -9,7 +10,11 @@ Each step (per row with n tokens so far) builds a tree of N = 1 + gamma + c node
     encoder input or the decoded prefix), fixed guesses. While the guesses equal the chain
     (g_1..g_j = x_1..x_j) they are the chain's own nodes (void here) and the next guess
     hangs below chain node j; a guess without a match, past the known tokens or past the
-    row's room is void (its subtree too).
+    row's room is void (its subtree too);
+  * the last S nodes: the draft's siblings, k_t at depth t (config.draft_siblings): the
+    draft's k_t most likely tokens at chain node t - 1 other than its own x_t, fixed
+    guesses and leaves (children of chain node t - 1); void with it, and where a copy
+    node under the same parent already guesses the token. They cost no draft call.
 ONE target call over the tree (`extend(..., tree=parents)`) gives p at every node;
 tree_accept's rules accept the longest target-consistent path (greedy: equal to greedy
 decoding token for token) or walk it by recursive rejection (sampled: exact for every
@@ -111,22 +116,57 @@ def tree_layout(chain, copy, copy_known, num_drafted, limit):
   return parents.astype(jnp.int32), jnp.concatenate([chain, copy], axis=1), valid, sampled
 
 
+def runner_up(logits, chosen, k: int):
+  """The k most likely tokens of logits [b, V] other than chosen [b] -> [b, k] int32, most
+  likely first (ties: the lower id first)."""
+  _, top = jax.lax.top_k(logits, k + 1)  # [b, k + 1]
+  other = top != chosen[:, None]
+  order = jnp.argsort(~other, axis=1, stable=True)[:, :k]  # the first k others, in order
+  return jnp.take_along_axis(top, order, axis=1).astype(jnp.int32)
+
+
+def with_siblings(layout, sibling_tokens, sibling_depth, num_drafted):
+  """tree_layout's (parents, nodes, valid, sampled) with the siblings appended: tokens
+  [b, S], sibling_depth [S] (static: t, its parent chain node t - 1) -> the same four
+  with N + S nodes. A sibling counts where its depth was drafted and no valid earlier
+  guess under the same parent holds its token."""
+  parents, nodes, valid, sampled = layout
+  b = parents.shape[0]
+  depth = jnp.asarray(sibling_depth, jnp.int32)[None, :]  # [1, S]
+  sib_parent = jnp.broadcast_to(depth - 1, sibling_tokens.shape)
+  tokens = jnp.concatenate([jnp.zeros((b, 1), nodes.dtype), nodes], axis=1)  # [b, N]
+  guessed = (parents[:, None, :] == sib_parent[:, :, None]) & valid[:, None, :] & ~sampled[:, None, :]
+  guessed &= tokens[:, None, :] == sibling_tokens[:, :, None]  # [b, S, N]
+  sib_valid = (depth <= num_drafted[:, None]) & ~jnp.any(guessed, axis=2)
+  return (jnp.concatenate([parents, sib_parent.astype(parents.dtype)], axis=1),
+          jnp.concatenate([nodes, sibling_tokens.astype(nodes.dtype)], axis=1),
+          jnp.concatenate([valid, sib_valid], axis=1),
+          jnp.concatenate([sampled, jnp.zeros(sibling_tokens.shape, bool)], axis=1))
+
+
 def tree_speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, draft_cache,
                             rng, encoder_tokens, *, batch: int, max_len: int,
                             config: DecodeConfig, eos_id: int,
                             prompt=None) -> Tuple[jax.Array, DecodeStats]:
-  """decoding.speculative_decode with a copy branch of config.copy_branch tokens beside the
-  draft's chain of config.gamma (the module docstring). Returns (tokens [b, max_len],
-  stats); the length histograms have max(gamma, copy_branch) + 1 entries."""
+  """decoding.speculative_decode with a copy branch of config.copy_branch tokens and the
+  draft's config.draft_siblings beside its chain of config.gamma (the module docstring).
+  Returns (tokens [b, max_len], stats); the length histograms have max(gamma,
+  copy_branch) + 1 entries."""
   gamma, c, cfg = config.gamma, config.copy_branch, config.sampling
+  siblings = config.draft_siblings
+  sibling_depth = [t + 1 for t, k in enumerate(siblings) for _ in range(k)]  # [S]
   depth_max = max(gamma, c)
-  num_nodes = 1 + gamma + c
+  num_nodes = 1 + config.tree_nodes
   state = _init_state(batch, max_len, num_nodes, rng, target_cache, draft_cache, depth_max)
   if prompt is not None:
     state = _with_prompt(state, prompt, max_len, target_fn, draft_fn)
 
+  node_kind = jnp.array([0] * (1 + gamma) + [1] * c + [2] * len(sibling_depth))  # SOURCES
+  draft_logits = []  # per chain depth, the draft's logits (read for the siblings)
+
   def step(cache, x, position):
     logits, cache = draft_fn(cache, x[:, None], position)
+    draft_logits.append(logits[:, 0])
     return logits[:, 0], cache
 
   def body(s):
@@ -139,11 +179,20 @@ def tree_speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cach
     start = jnp.maximum(s.length - depth_max, -1)
     logits, carry = draft_fn(s.draft_cache, rows.window(s.seq, start + 1, depth_max + 1), start)
     first = (jnp.take_along_axis(logits, (s.length - start)[:, None, None], axis=1)[:, 0], carry)
+    draft_logits[:] = [first[0]]
     xs, qs, draft_cache, _, _, draft_bad = draft_unrolled(first, step, s, keys, num_steps,
                                                           gamma, cfg)
     num_drafted = jnp.minimum(limit, num_steps)
-    copy, known = copy_continuation(encoder_tokens, s.seq, s.length, c)
-    parents, nodes, valid, sampled = tree_layout(xs, copy, known, num_drafted, limit)
+    if c:
+      copy, known = copy_continuation(encoder_tokens, s.seq, s.length, c)
+    else:
+      copy, known = jnp.zeros((batch, 0), jnp.int32), jnp.zeros((batch, 0), bool)
+    layout = tree_layout(xs, copy, known, num_drafted, limit)
+    if siblings:
+      runners = [runner_up(draft_logits[t], xs[:, t], k) for t, k in enumerate(siblings) if k]
+      layout = with_siblings(layout, jnp.concatenate(runners, axis=1), sibling_depth,
+                             num_drafted)
+    parents, nodes, valid, sampled = layout
     last = rows.window(s.seq, s.length + 1, 1)  # [b, 1]
     logits, target_cache = target_fn(s.target_cache, jnp.concatenate([last, nodes], 1),
                                      s.length, False, (), parents)
@@ -153,7 +202,8 @@ def tree_speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cach
       path, n_acc, token = tree_accept.accept_greedy(parents, tokens, best, valid, depth_max)
     else:
       p, bad = sampling.standardize_checked(logits, cfg)  # [b, N, V]
-      q = jnp.concatenate([qs, jnp.zeros((batch, 1 + c) + qs.shape[2:], qs.dtype)], axis=1)
+      q = jnp.concatenate([qs, jnp.zeros((batch, num_nodes - gamma) + qs.shape[2:], qs.dtype)],
+                          axis=1)
       uniforms = jax.vmap(lambda k: jax.random.uniform(k, (num_nodes,)))(keys[:, gamma])
       path, n_acc, dist = tree_accept.accept_sampled(parents, tokens, sampled, valid, p, q,
                                                      uniforms, depth_max)
@@ -167,12 +217,18 @@ def tree_speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cach
     end = jnp.take_along_axis(path, n_acc[:, None], axis=1)  # [b, 1] the last accepted node
     leaf = ~jnp.any(valid & (parents == end), axis=1)
     verified = jnp.sum(valid[:, 1:], axis=1).astype(jnp.int32)  # candidates tested at most
-    # [b] the tree's depth: chain node t sits at depth t, copy node j at j + 1 (tree_layout)
-    node_depth = jnp.array([0] + list(range(1, gamma + 1)) + list(range(1, c + 1)))
+    # [b] the tree's depth: chain node t sits at depth t, copy node j at j + 1 (tree_layout),
+    # a sibling at its chain node's
+    node_depth = jnp.array([0] + list(range(1, gamma + 1)) + list(range(1, c + 1))
+                           + sibling_depth)
     depth = jnp.max(jnp.where(valid, node_depth[None, :], 0), axis=1)
+    # [b, 3] the accepted path's nodes by what proposed them (stats.SOURCES)
+    on_path = jnp.arange(1, depth_max + 1)[None, :] <= n_acc[:, None]  # [b, D]
+    kinds = jnp.take(node_kind, path[:, 1:])  # [b, D]
+    by_source = jnp.sum(jax.nn.one_hot(kinds, 3, dtype=jnp.int32) * on_path[:, :, None], axis=1)
     st = count_step(s.stats, active, drafted=verified, accepted=n_acc, draft_length=depth,
                     outcome=jnp.where(leaf, 2, jnp.minimum(n_acc, 1)), tested=verified > 0,
-                    bad=bad, draft_bad=draft_bad)
+                    bad=bad, draft_bad=draft_bad, by_source=by_source)
     s = s.replace(rng=rng, target_cache=target_cache, draft_cache=draft_cache, stats=st)
     return _emit(s, candidates, n_acc + 1, max_len, eos_id)
 
@@ -181,11 +237,12 @@ def tree_speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cach
 
 
 def check(config: DecodeConfig, draft_reads_features: bool, speculative: bool) -> Optional[str]:
-  """Why a copy branch cannot be verified with these settings (None: it can)."""
-  if not config.copy_branch:
+  """Why a draft tree cannot be verified with these settings (None: it can)."""
+  if not config.tree:
     return None
+  what = ' and '.join(name for name in ('copy_branch', 'draft_siblings') if getattr(config, name))
   if not speculative:
-    return 'copy_branch needs a draft (its chain is the tree\'s first branch).'
+    return f'{what} needs a draft (its chain is the tree\'s first branch).'
   if draft_reads_features:
-    return 'copy_branch is verified beside a token draft\'s chain, not a feature head\'s.'
+    return f'{what} is verified beside a token draft\'s chain, not a feature head\'s.'
   return None

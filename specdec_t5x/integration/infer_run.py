@@ -25,6 +25,7 @@ from specdec_t5x.algorithm import batching, stats
 from specdec_t5x.integration import infer_output, run_dir, tasks
 
 COUNTERS = stats.PER_EXAMPLE_STATS
+BATCH_STATS = stats.BATCH_STATS
 PER_BATCH = infer_output.PER_BATCH
 
 
@@ -144,7 +145,7 @@ class BatchRunner:
     decodes, aux, batch_stats = multihost_utils.process_allgather(out, tiled=True)
     seconds = time.perf_counter() - tick
     stats = {k: int(np.sum(aux[k])) for k in COUNTERS}
-    stats['accepted_length_histogram'] = batch_stats['accepted_length_histogram']
+    stats.update({k: batch_stats[k] for k in BATCH_STATS})
     stats['seconds'] = seconds
     if not compiles:
       stats.update(warm_seconds=seconds, warm_tokens=stats['generated_tokens'])

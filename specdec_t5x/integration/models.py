@@ -202,11 +202,11 @@ class _SpeculativeMixin:
                                rng: Optional[jax.Array] = None, draft_params: Any = None
                                ) -> Tuple[jax.Array, Dict[str, jax.Array], Dict[str, jax.Array]]:
     """-> (decodes [batch, len], per-example stats {name: [batch]}, batch-level stats:
-    {'accepted_length_histogram': [gamma + 1]}). `draft_params`: as T5X passes them."""
+    {name: counts} for stats.BATCH_STATS). `draft_params`: as T5X passes them."""
     out = self._generate(params, batch['encoder_input_tokens'], self._max_len(batch), rng,
                          draft_params=draft_params)
     aux = {k: out.stats[k] for k in stats.PER_EXAMPLE_STATS}
-    return out.tokens, aux, {'accepted_length_histogram': out.stats['accepted_length_histogram']}
+    return out.tokens, aux, {k: out.stats[k] for k in stats.BATCH_STATS}
 
   def _max_len(self, batch: Mapping[str, Any]) -> int:
     if self.max_decode_length is not None:
