@@ -4,15 +4,15 @@ r"""Regenerates every file of results/ on today's code, one script at a time.
   python scripts/reproduce_results.py --only demo_speedup_runs,feature_draft
   python scripts/reproduce_results.py --quick --root /tmp/quick   # a smoke run
   python scripts/reproduce_results.py --list          # the steps and their commands
-  python scripts/reproduce_results.py --index --readme  # re-render INDEX.md, README table
+  python scripts/reproduce_results.py --index --readme  # re-render INDEX.md, README's box and table
   python scripts/reproduce_results.py --check --only alpha_demo  # rerun, compare, write nothing
 
 Each step (research/reproduce.py STEPS: the flags the committed files were made with) runs
 in a fresh process; a timed step is refused while the machine is busy (CPU use,
 another Python process) unless --allow_busy, which marks the run. Logs each step's
 seconds to {root}/reproduce_log.json, then renders {root}/INDEX.md (file, command,
-revision, date, machine, headline) and, with --readme, the Results table of README.md
-from the JSON files. --check (research/reproduce_check.py) reruns the steps into a scratch
+revision, date, machine, headline) and, with --readme, README.md's speedup box and Results
+table from the JSON files. --check (research/reproduce_check.py) reruns the steps into a scratch
 folder and compares their deterministic fields exactly and their timings within a spread.
 """
 
@@ -32,7 +32,8 @@ def main(argv=None):
   ap.add_argument('--allow_busy', action='store_true')
   ap.add_argument('--list', action='store_true', help='print the steps and exit')
   ap.add_argument('--index', action='store_true', help='only re-render INDEX.md')
-  ap.add_argument('--readme', action='store_true', help='also re-render README.md\'s table')
+  ap.add_argument('--readme', action='store_true',
+                  help='also re-render README.md\'s speedup box and Results table')
   ap.add_argument('--check', action='store_true',
                   help='re-run the checked steps into a scratch folder and compare their '
                   'fields with --root\'s files (exactly, timings within their spread); '

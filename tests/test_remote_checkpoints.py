@@ -80,7 +80,7 @@ def _assert_same_params(got, want):
 def t5x_draft(gcs, tmp_path_factory):
   """A target and a noisy draft (test_t5x_infer's tiny models), written by T5X locally, and
   the draft also by T5X to DRAFT_DIR."""
-  pytest.importorskip('t5x', reason='T5X is not installed (not on PyPI; see README)')
+  pytest.importorskip('t5x', reason='T5X is not installed (not on PyPI; see docs/t5x.md)')
   import test_t5x_infer as card
   from t5x import adafactor, partitioning, train_state
   from t5x import checkpoints as t5x_checkpoints

@@ -2,6 +2,7 @@
 the flags that file records, refuses to time on a busy machine, and the README's Results
 table and results/INDEX.md are what the JSON files hold."""
 import glob
+import json
 import os
 import pathlib
 import shlex
@@ -99,3 +100,13 @@ def test_the_index_leaves_out_the_run_log(tmp_path):
       '"environment": {"date": "2026-12-01"}}')
   rows = [l for l in reproduce.index(str(tmp_path)) if l.startswith('| `')]
   assert len(rows) == 1 and rows[0].startswith('| `bf16_cost.md`')
+
+
+def test_the_index_shows_a_dirty_revision_as_dirty(tmp_path):
+  """A file measured with uncommitted changes says so in the index (its revision keeps
+  '-dirty'); a clean one shows the short revision alone."""
+  for name, rev in (('a', '0123456789abcdef-dirty'), ('b', 'fedcba9876543210')):
+    (tmp_path / f'{name}.json').write_text(
+        json.dumps({'command': f'python scripts/{name}.py', 'environment': {'git_revision': rev}}))
+  rows = [line for line in reproduce.index(str(tmp_path)) if line.startswith('| `')]
+  assert '| 0123456789-dirty |' in rows[0] and '| fedcba9876 |' in rows[1]

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 from conftest import run_child
 
-pytest.importorskip('t5x', reason='T5X is not installed (not on PyPI; see README "With T5X")')
+pytest.importorskip('t5x', reason='T5X is not installed (not on PyPI; see docs/t5x.md)')
 # pylint: disable=g-import-not-at-top,g-bad-import-order
 import jax
 import numpy as np

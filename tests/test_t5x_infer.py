@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from conftest import run_child
 
-pytest.importorskip('t5x', reason='T5X is not installed (not on PyPI; see README "With T5X")')
+pytest.importorskip('t5x', reason='T5X is not installed (not on PyPI; see docs/t5x.md)')
 # pylint: disable=g-import-not-at-top,g-bad-import-order
 from t5x import checkpoints as t5x_checkpoints
 from t5x import partitioning as t5x_partitioning

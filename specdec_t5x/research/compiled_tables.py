@@ -1,5 +1,5 @@
 """Markdown of the compiled-program report (scripts/compiled_report.py): the data of
-compiled_costs.run rendered as tables, and the predicted Table 2 the README quotes."""
+compiled_costs.run rendered as tables, and the predicted Table 2 (results/compiled_table2.md)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def _keys(data: Dict[str, Any]) -> List[str]:
 
 
 def table2_lines(data: Dict[str, Any]) -> List[str]:
-  """The paper's 12 rows, its measured speedup beside the predicted ones (README quotes)."""
+  """The paper's 12 rows, its measured speedup beside the predicted ones."""
   keys = _keys(data)
   return harness.table(
       ['Task', 'Draft', 'Temp', 'gamma', 'alpha', 'paper (TPU-v4)'] +

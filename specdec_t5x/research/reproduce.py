@@ -17,14 +17,21 @@ import json
 import os
 import subprocess
 import sys
-import statistics
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from specdec_t5x.research.headlines import HEADLINES
 
 RESULTS = 'results'
 LOG = 'reproduce_log'  # {root}/reproduce_log.json: the last run's steps and seconds, not a result
 README_BEGIN = '<!-- results table: rendered by scripts/reproduce_results.py --readme -->'
 README_END = '<!-- end of results table -->'
+BOX_BEGIN = '<!-- speedup box: rendered by scripts/reproduce_results.py --readme -->'
+BOX_END = '<!-- end of speedup box -->'
+# The README's "what speedup where" box: (where, results file) rows, headlines from HEADLINES.
+SPEEDUP_BOX = (('CPU, the demo command (measured)', 'demo_speedup_runs'),
+               ('CPU, by target size (measured call costs)', 'cpu_cost_curve'),
+               ('TPU v4 / H200 (predicted, not measured)', 'compiled_table2'))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +88,8 @@ STEPS = (
     Step('adaptive_gamma', 'adaptive_gamma.py', ('--rows=6', '--max_len=40')),
     Step('copy_draft', 'bench_copy_draft.py', ('--rows=8', '--repeats=2')),
     Step('tree', 'tree_table.py', ('--rows=8', '--repeats=2')),
+    Step('cpu_cost_curve', 'cpu_cost_curve.py', (),
+         quick=('--sizes', 'demo', '--forms', 'float32:packed', '--ks', '1,2', '--repeats', '1')),
     Step('batch_throughput', 'bench_batch.py', ('--batches=1,4,16,64', '--gammas=2,4',
                                                 '--repeats=1')),
     Step('lenience', 'lenience_table.py', ('--rows=16', '--repeats=1')),
@@ -165,178 +174,6 @@ def run(steps: Sequence[Step], quick: bool = False, allow_busy: bool = False,
   return records
 
 
-# ------------------------------------------------------------------ headlines
-
-
-def _x(v: float) -> str:
-  return f'{v:.2f}x'
-
-
-def _demo_runs(d):
-  pooled = [r['walltime_speedup_stats']['pooled'] for r in d['runs']]
-  same = all(r['identical_predictions'] for r in d['runs'])
-  return (f"{min(pooled):.2f}-{max(pooled):.2f}x over {len(pooled)} fresh runs, "
-          f"alpha {d['runs'][0]['alpha_empirical']:.2f}, "
-          f"{'identical' if same else 'DIFFERENT'} predictions, BLEU "
-          f"{d['runs'][0]['bleu']['bleu']:.2f}")
-
-
-def _alpha(d):
-  cells = {(c['task'], c['draft'], c['temperature']): c['alpha'] for c in d['cells']}
-  return '; '.join(f'{task} {draft}: {cells[(task, draft, 0.0)]:.2f} (t=0), '
-                   f'{cells[(task, draft, 1.0)]:.2f} (t=1)'
-                   for task in ('ende', 'summarize') for draft in ('demo_draft_m', 'bigram')
-                   if (task, draft, 0.0) in cells and (task, draft, 1.0) in cells)
-
-
-def _models(d):
-  s = d['scores']
-  return (f"target BLEU {s['ende/demo_target']['bleu']:.1f} / ROUGE-1 "
-          f"{s['summarize/demo_target']['rouge1']:.1f}; draft_m "
-          f"{s['ende/demo_draft_m']['bleu']:.1f} / {s['summarize/demo_draft_m']['rouge1']:.1f}")
-
-
-def _decode_costs(d):
-  b = d['baselines']['t5x']
-  return f"our AR {_x(b['ours_speed_ratio'])} stock T5X predict_batch (same tokens: " \
-         f"{b['same_tokens_as_ours']})"
-
-
-def _cpu_kernels(d):
-  costs = {c['mode']: c for c in d['costs']}
-  xla, packed = costs['xla'], costs['packed']
-  f32 = costs.get('packed f32')
-  via = f"{f32['t_target_step']:.2f} (float32 panels) -> " if f32 else ''
-  return (f"demo target step {xla['t_target_step']:.2f} -> {via}{packed['t_target_step']:.2f} "
-          f"ms, verify(4)/step {xla['r']:.2f} -> {packed['r']:.2f}; AR "
-          f"{_x(d['ar_speedup_packed_vs_xla'])} faster")
-
-
-def _peers(d):
-  s = d['systems']
-  return (f"ours AR {_x(s['ours_ar_greedy']['speed_vs_hf_greedy'])} HF greedy; ours "
-          f"speculative {_x(s['ours_spec_greedy']['speed_vs_hf_greedy'] / s['hf_assisted_greedy']['speed_vs_hf_greedy'])} "
-          f"HF assisted (greedy)")
-
-
-def _feature_draft(d):
-  rows = {(r['task'], r['temperature'], r['draft'], r['gamma']): r for r in d['acceptance']}
-  name = d['args'].get('head', 'demo_feature_head')
-  head, draft = rows.get(('ende', 0.0, name, 3)), rows.get(('ende', 0.0, 'demo_draft_m', 3))
-  if head is None or draft is None:
-    return 'see file'
-  return (f"EN->DE greedy, gamma 3: head {name} alpha {head['alpha']:.2f} "
-          f"({head['tokens_per_target_call']:.2f} tokens/call) vs draft_m "
-          f"{draft['alpha']:.2f} ({draft['tokens_per_target_call']:.2f}); c "
-          f"{d['c'][name]:.3f} vs {d['c']['demo_draft_m']:.3f}")
-
-
-def _confidence(d):
-  parts = []
-  for task, t in d['tables'].items():
-    flat = t['buckets'][0]
-    parts.append(f"{task}: {flat['share']:.0%} of positions with target top-1 < "
-                 f"{flat['top1_to']:g}, agreement there " + ', '.join(
-                     f"{k} {v:.2f}" for k, v in flat['agreement'].items()) + '; overall ' +
-                 ', '.join(f"{k} {v:.2f}" for k, v in t['agreement'].items()))
-  return '; '.join(parts)
-
-
-def _speedup(d):
-  parts = []
-  for g in d['groups']:
-    best = {name: max(v['rows'], key=lambda r: r['speedup_measured'])
-            for name, v in g['drafts'].items()}
-    parts.append(f"{g['task']} t={g['temperature']:g}: " + ', '.join(
-        f"{name} {_x(r['speedup_measured'])} (gamma {r['gamma']})" for name, r in best.items()))
-  return '; '.join(parts)
-
-
-def _efficiency_e2e(d):
-  return '; '.join(
-      f"{g['task']} t={g['temperature']:g} {name}: eff. e2e " + '/'.join(
-          f"{r['efficiency_end_to_end']:.2f}" for r in v['rows'])
-      + f" (gamma {'/'.join(str(r['gamma']) for r in v['rows'])}), measured "
-      + '/'.join(_x(r['speedup_measured']) for r in v['rows'])
-      for g in d['groups'] for name, v in g['drafts'].items())
-
-
-def _block(d):
-  return ', '.join(f"{r['task']} gamma {r['gamma']}: "
-                   f"{100 * (r['block_tpc_precise'] / r['token_tpc_precise'] - 1):+.1f}%"
-                   for r in d['rows']) + ' tokens per call, block over token (t=1)'
-
-
-def _best_of(key):
-  def headline(d):
-    rows = [r for r in d['results'] if r.get(key) is not None and r.get(key) != 1.0]
-    best = max(rows, key=lambda r: r[key])
-    label = best.get('name') or best.get('setting') or best.get('draft')
-    where = f" ({best['task']})" if best.get('task') else ''
-    lossy = ', LOSSY' if best.get('lossy') else ''
-    return f'best {label}{where}{lossy}: {_x(best[key])} over AR'
-  return headline
-
-
-def _loop_efficiency(d):
-  parts, drafts = [], set()
-  for matmul, res in d['matmuls'].items():
-    rows = [r for g in res['groups'] for r in g['rows'] if r['draft'] != 'self']
-    drafts |= {r['draft'] for r in rows}
-    eff = [r['efficiency_end_to_end'] for r in rows]
-    made = [r['efficiency_as_made'] for r in rows if 'efficiency_as_made' in r]
-    parts.append(f"{matmul}: efficiency {min(eff):.2f}-{max(eff):.2f} "
-                 f"(median {statistics.median(eff):.2f}"
-                 + (f"; with the draft calls as made {min(made):.2f}-{max(made):.2f}, median "
-                    f"{statistics.median(made):.2f})" if made else ')'))
-  args = d['args']
-  gammas = sorted(args['gammas'])
-  span = f'{gammas[0]}-{gammas[-1]}' if len(gammas) > 1 else f'{gammas[0]}'
-  temps = ' and '.join(f'{t:g}' for t in args['temperatures'])
-  return (f"{', '.join(sorted(drafts))}, batch {args.get('batch', 1)}, gamma {span}, t {temps}: "
-          + '; '.join(parts))
-
-
-def _said(alpha):
-  return 'out of reach' if alpha is None else f'{alpha:.2f}'
-
-
-def _ceiling(d):
-  need = {k: v['1.3x']['end_to_end'] for k, v in d['alpha_needed'].items()}
-  head = 'demo_feature_head_kd'
-  now = max((r for r in d['loops'] if r['draft'] == head), key=lambda r: r['speedup_measured'])
-  return (f"1.3x end to end needs alpha {_said(need[f'{head} (real loop)'])} with the head's "
-          f"loop, {_said(need[f'{head} (calls alone)'])} with its calls alone, "
-          f"{_said(need['free draft'])} with a free draft; the head: i.i.d. alpha "
-          f"{now['alpha_iid']:.2f}, {_x(now['speedup_measured'])} at gamma {now['gamma']}")
-
-
-def _tree(d):
-  return 'tokens per target call: ' + '; '.join(
-      f"{r['task']} {r['decode']} {r['mean_tokens_per_target_call']:.2f}"
-      for r in d['results'] if r['decode'] != 'AR')
-
-
-def _batch(d):
-  return ', '.join(f"batch {r['batch']} gamma {r['gamma']}: {_x(r['speedup_vs_ar'])}"
-                   for r in d['rows'] if r['gamma'] is not None)
-
-
-HEADLINES: Dict[str, Callable[[Dict[str, Any]], str]] = {
-    'demo_speedup_runs': _demo_runs, 'demo_draft_m_runs': _demo_runs,
-    'feature_draft': _feature_draft, 'agreement_by_confidence': _confidence,
-    'speedup_ceiling': _ceiling,
-    'alpha_demo': _alpha, 'demo_models': _models,
-    'speedup_demo': _speedup, 'speedup_table_ende12': _efficiency_e2e, 'decode_costs': _decode_costs, 'cpu_kernels': _cpu_kernels,
-    'peers': _peers, 'block_verification': _block,
-    'adaptive_gamma': _best_of('speedup_vs_ar'), 'copy_draft': _best_of('speedup'), 'tree': _tree,
-    'batch_throughput': _batch, 'lenience': _best_of('speedup_vs_ar'),
-    'loop_efficiency': _loop_efficiency, 'loop_efficiency_batch8': _loop_efficiency,
-    'loop_efficiency_t5_1_1_small': _loop_efficiency,
-    'loop_efficiency_t5_1_1_base': _loop_efficiency,
-}
-
-
 def load(name: str, root: str = RESULTS) -> Optional[Dict[str, Any]]:
   path = os.path.join(root, f'{name}.json')
   if not os.path.isfile(path):
@@ -346,7 +183,9 @@ def load(name: str, root: str = RESULTS) -> Optional[Dict[str, Any]]:
 
 
 def _revision(d: Dict[str, Any]) -> str:
-  return str(d.get('environment', {}).get('git_revision', 'unknown'))[:10]
+  """The short revision a file was measured at, '-dirty' kept (uncommitted changes)."""
+  rev = str(d.get('environment', {}).get('git_revision', 'unknown'))
+  return rev[:10] + ('-dirty' if rev.endswith('-dirty') else '')
 
 
 def _date(d: Dict[str, Any], name: str, root: str) -> str:
@@ -391,10 +230,24 @@ def results_table(root: str = RESULTS) -> List[str]:
   return lines + [README_END]
 
 
+def speedup_box(root: str = RESULTS) -> List[str]:
+  """The README's "what speedup where" box: SPEEDUP_BOX's rows, each file's headline."""
+  lines = [BOX_BEGIN, '| where | what the results say | file |', '|---|---|---|']
+  for where, name in SPEEDUP_BOX:
+    d = load(name, root)
+    said = HEADLINES[name](d) if d is not None else 'not measured yet'
+    lines.append(f'| {where} | {said} | `results/{name}.md` ({_revision(d or {})}) |')
+  return lines + [BOX_END]
+
+
+def _replace(text: str, begin: str, end: str, lines: List[str]) -> str:
+  if begin not in text or end not in text:
+    raise ValueError(f'README.md has no {begin!r} ... {end!r} markers.')
+  head, rest = text.split(begin, 1)
+  return head + '\n'.join(lines) + rest.split(end, 1)[1]
+
+
 def render_readme(text: str, root: str = RESULTS) -> str:
-  """README text with the block between the markers replaced by `results_table`."""
-  if README_BEGIN not in text or README_END not in text:
-    raise ValueError('README.md has no results table markers.')
-  head, rest = text.split(README_BEGIN, 1)
-  tail = rest.split(README_END, 1)[1]
-  return head + '\n'.join(results_table(root)) + tail
+  """README text with the speedup box and the Results table rendered from the JSON files."""
+  text = _replace(text, BOX_BEGIN, BOX_END, speedup_box(root))
+  return _replace(text, README_BEGIN, README_END, results_table(root))

@@ -30,8 +30,8 @@ def available() -> bool:
 
 def _require_t5x():
   if not available():
-    raise ImportError('T5X is not installed; install google-research/t5x (see the README, '
-                      '"With T5X") to compare with stock T5X decoding.')
+    raise ImportError('T5X is not installed; install google-research/t5x (see docs/t5x.md) '
+                      'to compare with stock T5X decoding.')
 
 
 def t5x_config(config: network.T5Config) -> Any:

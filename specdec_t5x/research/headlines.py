@@ -1,0 +1,221 @@
+"""One line per results file, from its JSON: results/INDEX.md's and the README's headlines.
+
+`HEADLINES[name](data)` renders results/<name>.json's headline; research/reproduce.py puts
+them into the index and the README's Results table, so the docs quote what the files hold.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Callable, Dict
+
+
+def _x(v: float) -> str:
+  return f'{v:.2f}x'
+
+
+def _demo_runs(d):
+  pooled = [r['walltime_speedup_stats']['pooled'] for r in d['runs']]
+  same = all(r['identical_predictions'] for r in d['runs'])
+  return (f"{min(pooled):.2f}-{max(pooled):.2f}x over {len(pooled)} fresh runs, "
+          f"alpha {d['runs'][0]['alpha_empirical']:.2f}, "
+          f"{'identical' if same else 'DIFFERENT'} predictions, BLEU "
+          f"{d['runs'][0]['bleu']['bleu']:.2f}")
+
+
+def _alpha(d):
+  cells = {(c['task'], c['draft'], c['temperature']): c['alpha'] for c in d['cells']}
+  return '; '.join(f'{task} {draft}: {cells[(task, draft, 0.0)]:.2f} (t=0), '
+                   f'{cells[(task, draft, 1.0)]:.2f} (t=1)'
+                   for task in ('ende', 'summarize') for draft in ('demo_draft_m', 'bigram')
+                   if (task, draft, 0.0) in cells and (task, draft, 1.0) in cells)
+
+
+def _models(d):
+  s = d['scores']
+  return (f"target BLEU {s['ende/demo_target']['bleu']:.1f} / ROUGE-1 "
+          f"{s['summarize/demo_target']['rouge1']:.1f}; draft_m "
+          f"{s['ende/demo_draft_m']['bleu']:.1f} / {s['summarize/demo_draft_m']['rouge1']:.1f}")
+
+
+def _decode_costs(d):
+  b = d['baselines']['t5x']
+  return f"our AR {_x(b['ours_speed_ratio'])} stock T5X predict_batch (same tokens: " \
+         f"{b['same_tokens_as_ours']})"
+
+
+def _cpu_kernels(d):
+  costs = {c['mode']: c for c in d['costs']}
+  xla, packed = costs['xla'], costs['packed']
+  f32 = costs.get('packed f32')
+  via = f"{f32['t_target_step']:.2f} (float32 panels) -> " if f32 else ''
+  return (f"demo target step {xla['t_target_step']:.2f} -> {via}{packed['t_target_step']:.2f} "
+          f"ms, verify(4)/step {xla['r']:.2f} -> {packed['r']:.2f}; AR "
+          f"{_x(d['ar_speedup_packed_vs_xla'])} faster")
+
+
+def _peers(d):
+  s = d['systems']
+  return (f"ours AR {_x(s['ours_ar_greedy']['speed_vs_hf_greedy'])} HF greedy; ours "
+          f"speculative {_x(s['ours_spec_greedy']['speed_vs_hf_greedy'] / s['hf_assisted_greedy']['speed_vs_hf_greedy'])} "
+          f"HF assisted (greedy)")
+
+
+def _feature_draft(d):
+  rows = {(r['task'], r['temperature'], r['draft'], r['gamma']): r for r in d['acceptance']}
+  name = d['args'].get('head', 'demo_feature_head')
+  head, draft = rows.get(('ende', 0.0, name, 3)), rows.get(('ende', 0.0, 'demo_draft_m', 3))
+  if head is None or draft is None:
+    return 'see file'
+  return (f"EN->DE greedy, gamma 3: head {name} alpha {head['alpha']:.2f} "
+          f"({head['tokens_per_target_call']:.2f} tokens/call) vs draft_m "
+          f"{draft['alpha']:.2f} ({draft['tokens_per_target_call']:.2f}); c "
+          f"{d['c'][name]:.3f} vs {d['c']['demo_draft_m']:.3f}")
+
+
+def _confidence(d):
+  parts = []
+  for task, t in d['tables'].items():
+    flat = t['buckets'][0]
+    parts.append(f"{task}: {flat['share']:.0%} of positions with target top-1 < "
+                 f"{flat['top1_to']:g}, agreement there " + ', '.join(
+                     f"{k} {v:.2f}" for k, v in flat['agreement'].items()) + '; overall ' +
+                 ', '.join(f"{k} {v:.2f}" for k, v in t['agreement'].items()))
+  return '; '.join(parts)
+
+
+def _speedup(d):
+  parts = []
+  for g in d['groups']:
+    best = {name: max(v['rows'], key=lambda r: r['speedup_measured'])
+            for name, v in g['drafts'].items()}
+    parts.append(f"{g['task']} t={g['temperature']:g}: " + ', '.join(
+        f"{name} {_x(r['speedup_measured'])} (gamma {r['gamma']})" for name, r in best.items()))
+  return '; '.join(parts)
+
+
+def _efficiency_e2e(d):
+  return '; '.join(
+      f"{g['task']} t={g['temperature']:g} {name}: eff. e2e " + '/'.join(
+          f"{r['efficiency_end_to_end']:.2f}" for r in v['rows'])
+      + f" (gamma {'/'.join(str(r['gamma']) for r in v['rows'])}), measured "
+      + '/'.join(_x(r['speedup_measured']) for r in v['rows'])
+      for g in d['groups'] for name, v in g['drafts'].items())
+
+
+def _block(d):
+  return ', '.join(f"{r['task']} gamma {r['gamma']}: "
+                   f"{100 * (r['block_tpc_precise'] / r['token_tpc_precise'] - 1):+.1f}%"
+                   for r in d['rows']) + ' tokens per call, block over token (t=1)'
+
+
+def _best_of(key):
+  def headline(d):
+    rows = [r for r in d['results'] if r.get(key) is not None and r.get(key) != 1.0]
+    best = max(rows, key=lambda r: r[key])
+    label = best.get('name') or best.get('setting') or best.get('draft')
+    where = f" ({best['task']})" if best.get('task') else ''
+    lossy = ', LOSSY' if best.get('lossy') else ''
+    return f'best {label}{where}{lossy}: {_x(best[key])} over AR'
+  return headline
+
+
+def _loop_efficiency(d):
+  parts, drafts = [], set()
+  for matmul, res in d['matmuls'].items():
+    rows = [r for g in res['groups'] for r in g['rows'] if r['draft'] != 'self']
+    drafts |= {r['draft'] for r in rows}
+    eff = [r['efficiency_end_to_end'] for r in rows]
+    made = [r['efficiency_as_made'] for r in rows if 'efficiency_as_made' in r]
+    parts.append(f"{matmul}: efficiency {min(eff):.2f}-{max(eff):.2f} "
+                 f"(median {statistics.median(eff):.2f}"
+                 + (f"; with the draft calls as made {min(made):.2f}-{max(made):.2f}, median "
+                    f"{statistics.median(made):.2f})" if made else ')'))
+  args = d['args']
+  gammas = sorted(args['gammas'])
+  span = f'{gammas[0]}-{gammas[-1]}' if len(gammas) > 1 else f'{gammas[0]}'
+  temps = ' and '.join(f'{t:g}' for t in args['temperatures'])
+  return (f"{', '.join(sorted(drafts))}, batch {args.get('batch', 1)}, gamma {span}, t {temps}: "
+          + '; '.join(parts))
+
+
+def _said(alpha):
+  return 'out of reach' if alpha is None else f'{alpha:.2f}'
+
+
+def _ceiling(d):
+  need = {k: v['1.3x']['end_to_end'] for k, v in d['alpha_needed'].items()}
+  head = 'demo_feature_head_kd'
+  now = max((r for r in d['loops'] if r['draft'] == head), key=lambda r: r['speedup_measured'])
+  return (f"1.3x end to end needs alpha {_said(need[f'{head} (real loop)'])} with the head's "
+          f"loop, {_said(need[f'{head} (calls alone)'])} with its calls alone, "
+          f"{_said(need['free draft'])} with a free draft; the head: i.i.d. alpha "
+          f"{now['alpha_iid']:.2f}, {_x(now['speedup_measured'])} at gamma {now['gamma']}")
+
+
+def _tree(d):
+  """Greedy tokens per target call: each task's best chain and best tree."""
+  parts = []
+  for task in dict.fromkeys(r['task'] for r in d['results']):
+    rows = [r for r in d['results'] if r['task'] == task and r['decode'] != 'AR'
+            and not r.get('temperature')]
+    best = lambda tree: max((r for r in rows if ('+' in r['decode']) == tree),
+                            key=lambda r: r['mean_tokens_per_target_call'])
+    chain, tree = best(False), best(True)
+    parts.append(f"{task}: chain {chain['decode']} {chain['mean_tokens_per_target_call']:.2f}, "
+                 f"tree {tree['decode']} {tree['mean_tokens_per_target_call']:.2f} "
+                 f"({tree['verified_positions']} positions)")
+  return 'greedy tokens per target call, best of each: ' + '; '.join(parts)
+
+
+def _batch(d):
+  return ', '.join(f"batch {r['batch']} gamma {r['gamma']}: {_x(r['speedup_vs_ar'])}"
+                   for r in d['rows'] if r['gamma'] is not None)
+
+
+def _compiled(d):
+  """The accelerator prediction and its error on the paper's own Table 2 rows."""
+  rows = d['table2']
+  pred = [r['predicted']['TPU v4 x1']['speedup'] for r in rows]
+  err = [abs(p - r['speedup_paper']) for p, r in zip(pred, rows)]
+  first = rows[0]
+  return (f"PREDICTED (compiled programs, roofline), one TPU v4: {first['task']} "
+          f"{first['draft']} draft t={first['temperature']} {_x(pred[0])} (paper "
+          f"{_x(first['speedup_paper'])}); on the paper's {len(rows)} rows the prediction "
+          f"is off by {statistics.mean(err):.2f}x on average, {max(err):.2f}x at most")
+
+
+def _cost_curve(d):
+  """Per size, a 4-position call over a one-token step in the default kernel mode
+  (float32 'packed', else the bfloat16 form timed), and where the paper's pair pays."""
+  by_size: Dict[str, Dict[str, Any]] = {}
+  for c in d['cells']:
+    if c['mode'] in ('packed', 'packed_bf16') and (c['mode'] == 'packed'
+                                                   or c['size'] not in by_size):
+      by_size[c['size']] = c
+  ratio = ', '.join(f"{size} {c['verify_over_step']['4']:.2f}"
+                    + ('' if c['dtype'] == 'float32' else ' (bfloat16)')
+                    for size, c in by_size.items())
+  pays = [c for c in d['cells'] if 'T5 v1.1 small' in c
+          and c['T5 v1.1 small']['at_paper_alpha']['speedup'] >= 1.5]
+  where = (f"{pays[0]['size']} ({pays[0]['dtype']}/{pays[0]['mode']})" if pays
+           else 'none of the sizes measured')
+  return (f"a 4-position call costs {ratio} one-token steps (by target size); the paper's "
+          f"T5-small draft at its alpha {d['paper_small_alpha']} is predicted >= 1.5x from "
+          f"{where} up")
+
+
+HEADLINES: Dict[str, Callable[[Dict[str, Any]], str]] = {
+    'demo_speedup_runs': _demo_runs, 'demo_draft_m_runs': _demo_runs,
+    'feature_draft': _feature_draft, 'agreement_by_confidence': _confidence,
+    'speedup_ceiling': _ceiling,
+    'alpha_demo': _alpha, 'demo_models': _models,
+    'speedup_demo': _speedup, 'speedup_table_ende12': _efficiency_e2e, 'decode_costs': _decode_costs, 'cpu_kernels': _cpu_kernels,
+    'peers': _peers, 'block_verification': _block,
+    'adaptive_gamma': _best_of('speedup_vs_ar'), 'copy_draft': _best_of('speedup'), 'tree': _tree,
+    'batch_throughput': _batch, 'lenience': _best_of('speedup_vs_ar'),
+    'loop_efficiency': _loop_efficiency, 'loop_efficiency_batch8': _loop_efficiency,
+    'loop_efficiency_t5_1_1_small': _loop_efficiency,
+    'loop_efficiency_t5_1_1_base': _loop_efficiency,
+    'compiled_table2': _compiled, 'cpu_cost_curve': _cost_curve,
+}

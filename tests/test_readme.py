@@ -1,0 +1,60 @@
+"""README.md and docs/ as a new user reads them: short, the commands CI runs, links that
+resolve, no speedup figure typed by hand (figures come rendered from results/*.json), and
+the Python example runs as written."""
+
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from specdec_t5x.research import reproduce
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+PAGES = [REPO / 'README.md'] + sorted((REPO / 'docs').glob('*.md'))
+# A speedup or cost ratio typed into prose: "0.93x", "1.2-1.4x", "3x".
+FIGURE = re.compile(r'(?<![\w.])\d+(\.\d+)?(-\d+(\.\d+)?)?x\b')
+
+
+def _without_rendered_blocks(text):
+  for begin, end in ((reproduce.BOX_BEGIN, reproduce.BOX_END),
+                     (reproduce.README_BEGIN, reproduce.README_END)):
+    if begin in text:
+      head, rest = text.split(begin, 1)
+      text = head + rest.split(end, 1)[1]
+  return text
+
+
+def test_readme_is_short_and_holds_the_two_commands_ci_runs():
+  readme = (REPO / 'README.md').read_text('utf-8')
+  assert len(readme.splitlines()) <= 200
+  ci = (REPO / '.ci' / 'run').read_text('utf-8')
+  test_command = [line for line in ci.splitlines() if line.startswith('python -m pytest')]
+  assert len(test_command) == 1 and test_command[0] in readme
+  assert 'pip install -e ".[test]" && python -m specdec_t5x.infer --gin_file=configs/demo.gin' in readme
+
+
+@pytest.mark.parametrize('page', PAGES, ids=lambda p: p.name)
+def test_pages_quote_no_figure_by_hand_and_their_links_resolve(page):
+  text = page.read_text('utf-8')
+  typed = [m.group(0) for m in FIGURE.finditer(_without_rendered_blocks(text))]
+  assert not typed, f'{page.name} types figures that belong to results/*.json: {typed}'
+  for target in re.findall(r'\]\(([^)#\s]+)\)', text):
+    if '://' not in target:
+      assert (page.parent / target).exists(), f'{page.name} links to a missing {target}'
+
+
+def test_the_figure_check_sees_a_typed_figure():
+  assert [m.group(0) for m in FIGURE.finditer('printed 0.93x, then 1.2-1.4x and 3x; x86-64')] \
+      == ['0.93x', '1.2-1.4x', '3x']
+
+
+@pytest.mark.slow
+def test_the_python_example_runs_as_written():
+  readme = (REPO / 'README.md').read_text('utf-8')
+  example = readme.split('```python\n', 1)[1].split('```', 1)[0]
+  proc = subprocess.run([sys.executable, '-c', example], cwd=REPO, capture_output=True,
+                        text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert float(proc.stdout.strip().splitlines()[-1]) > 1.0  # tokens per target call
