@@ -1,8 +1,8 @@
 """The compiled decode loops copy no cache or weight per step (research/hlo_loops.py).
 
 XLA's dot path (as accelerators get it) on 8 fake CPU devices, with T5X's partitioning
-(num_partitions 8: one head per device; 1: data parallel), batch 1 and 8, autoregressive
-and speculative: the while bodies may copy or transpose per-call activations, never a
+(num_partitions 8: one head per device; 1: data parallel), batch 1 and 8, autoregressive,
+speculative and over a draft tree: the while bodies may copy or transpose per-call activations, never a
 buffer as large as a cache the loop carries or a weight.
 """
 import textwrap
@@ -47,9 +47,11 @@ _CHILD = textwrap.dedent('''
         # autoregressive cache's slots (max_len positions, one more, and position -1).
         rows = x.sharding.shard_shape(x.shape)[0]
         cache = rows * (8 // parts) * 16 * (32 + 2)
-        for name, drafted in (('ar', None), ('spec', draft)):
-          fn = api._compiled(target[0], drafted and drafted[0], max_len=32,
-                             config=DecodeConfig(gamma=3))
+        # the chain, and a draft tree (chain + copy branch + a sibling: tree_decoding.py)
+        for name, drafted, config in (
+            ('ar', None, DecodeConfig(gamma=3)), ('spec', draft, DecodeConfig(gamma=3)),
+            ('tree', draft, DecodeConfig(gamma=3, copy_branch=2, draft_siblings=1))):
+          fn = api._compiled(target[0], drafted and drafted[0], max_len=32, config=config)
           args = (api.decode_variables(target[0], part.shard_params(target[1])),
                   drafted and api.decode_variables(drafted[0], part.shard_params(drafted[1])),
                   x, jax.random.PRNGKey(0), jnp.int32(1))
@@ -62,7 +64,7 @@ _CHILD = textwrap.dedent('''
 @pytest.mark.slow  # a subprocess on 8 host devices
 def test_no_whole_buffer_copies_in_the_decode_loops_on_8_devices():
   out = run_child(_CHILD, host_devices=8, timeout=900, SPECDEC_CPU_KERNELS='0')
-  assert len(out) == 8
+  assert len(out) == 12
   for key, found in out.items():
     assert found['whole_buffer'] == [], (key, found)
 

@@ -186,6 +186,21 @@ def test_speculative_statistics_in_t5x_output_and_log(runs):
   assert ([r['aux'] for r in runs['orbax'][0]] != [r['aux'] for r in runs['legacy'][0]])
 
 
+def test_a_draft_tree_under_t5x_infer(env, runs):
+  """The card command with a copy branch and the draft's siblings set from gin: T5X's
+  runner decodes the target's greedy predictions, and each target call verifies up to the
+  tree's 3 + 2 + 2 draft tokens."""
+  rows, logged = _t5x_infer(env, env['root'] / 'out_tree', 'legacy', '--gin.GAMMA=3',
+                            '--gin.config.DecodeConfig.copy_branch=2',
+                            '--gin.config.DecodeConfig.draft_siblings=(1, 1)')
+  assert [r['prediction'] for r in rows] == env['stock']
+  aux = {k: np.array([r['aux'][k] for r in rows]) for k in rows[0]['aux']}
+  assert np.all(aux['drafted_tokens'] <= 7 * aux['target_calls'])
+  assert np.any(aux['drafted_tokens'] > 3 * aux['target_calls'])  # more than the chain's
+  chain_calls = sum(r['aux']['target_calls'] for r in runs['legacy'][0])
+  assert aux['target_calls'].sum() <= chain_calls and logged[-1][5] == '3'
+
+
 def test_score_mode_is_t5x_scoring_with_the_target(env):
   """The same gin file with --gin.infer.mode='score': T5X's score_batch of each example's
   targets under the target model, as stock T5X computes it on the same parameters."""
