@@ -1,7 +1,7 @@
 """Draft trees vs chains on the demo tasks: tokens per target call and CPU time, batch 1.
 
   flock /tmp/specdec_bench.lock python scripts/tree_table.py [--rows=8] [--max_len=48] \
-      [--decodes=g2,g3,g5,g2+c3,g2+s1,g3+s2,g2+s2.1] [--temperatures=0,1] [--repeats=1] \
+      [--decodes=g2,g3,g5,g2+c3,g2+s1,g3+s2,g4+s1,g2+s2.1] [--temperatures=0,1] [--repeats=1] \
       [--tasks=summarize,ende]
 
 Takes the demo checkpoints and data/demo/*_test.tsv. Decodes `rows` examples one at a time
@@ -46,7 +46,7 @@ def main(argv=None):
   ap = harness.parser(__doc__, harness.results_path(__file__, 'tree'), repeats=1)
   ap.add_argument('--rows', type=int, default=8)
   ap.add_argument('--max_len', type=int, default=48)
-  ap.add_argument('--decodes', default='g2,g3,g5,g2+c3,g2+s1,g3+s2,g2+s2.1')
+  ap.add_argument('--decodes', default='g2,g3,g5,g2+c3,g2+s1,g3+s2,g4+s1,g2+s2.1')
   ap.add_argument('--temperatures', type=harness.floats, default=[0.0, 1.0])
   ap.add_argument('--tasks', default='summarize,ende')
   args = ap.parse_args(argv)
