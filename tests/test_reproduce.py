@@ -8,6 +8,7 @@ import pathlib
 import shlex
 import subprocess
 import sys
+import time
 import types
 
 import pytest
@@ -61,10 +62,14 @@ def test_a_running_python_process_makes_the_machine_busy(monkeypatch):
   """busy() sees only this process, its parent and the child through a narrowed /proc
   listing, on CPUs it reads as idle: another test worker's Python (pytest-xdist) or load
   cannot make it busy in the child's stead."""
-  # The child ignores SIGINT: an interrupt sent to the whole process group while the suite
-  # runs would otherwise end it before busy() reads its command line.
-  child = subprocess.Popen([sys.executable, '-c', 'import signal, time; '
-                            'signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)'])
+  child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])
+  # Popen returns once the child has called exec, before the kernel has set up its new
+  # command line: /proc/<pid>/cmdline reads empty for a while (long on a loaded machine).
+  # Wait until the child is a running Python process, the state this test is about.
+  cmdline = pathlib.Path(f'/proc/{child.pid}/cmdline')
+  deadline = time.monotonic() + 30
+  while not cmdline.read_bytes() and time.monotonic() < deadline:
+    time.sleep(0.01)
   shown = [os.getpid(), os.getppid(), child.pid]
   listing = lambda pattern: [f'/proc/{pid}/cmdline' for pid in shown]
   monkeypatch.setattr(reproduce, 'glob', types.SimpleNamespace(glob=listing))
