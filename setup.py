@@ -35,8 +35,9 @@ setup(
         # pytest-xdist: the suite runs on both cores (-n 2); -m "not slow and not timing"
         # keeps the fast set (tests/conftest.py registers the markers).
         # gcp-storage-emulator, cryptography: a local GCS for gs:// checkpoints
-        # (tests/gcs_emulator.py, tests/test_remote_checkpoints.py).
+        # (tests/gcs_emulator.py, tests/test_remote_checkpoints.py). ctranslate2: the
+        # peer benchmark's CPU engine (scripts/bench_peers.py, tests/test_peers.py).
         "test": ["pytest", "pytest-xdist", "scipy", "torch==2.13.0", "transformers", "safetensors",
-                 "gcp-storage-emulator", "cryptography"],
+                 "gcp-storage-emulator", "cryptography", "ctranslate2"],
     },
 )

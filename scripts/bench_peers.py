@@ -1,4 +1,4 @@
-"""Ours vs Hugging Face on the demo weights: AR, assisted / speculative, greedy and sampling.
+"""Ours vs Hugging Face and CTranslate2 on the demo weights, batch 1, CPU.
 
   flock /tmp/specdec_bench.lock python scripts/bench_peers.py --num_examples 20
 
@@ -8,7 +8,10 @@ converted target's logits are checked against ours on one input. Then, on the sa
 --task inputs at batch size 1, it times interleaved in one process (median of --repeats):
 HF `generate` greedy and sampling (t=1, no top-k/p), HF assisted generation
 (`assistant_model=`, --gamma draft tokens per call, constant schedule) greedy and
-sampling, and ours (specdec_t5x.generate) AR and speculative at the same gamma.
+sampling, ours (specdec_t5x.generate) AR and speculative at the same gamma, and
+CTranslate2 greedy (the converted HF model through CTranslate2's own converter; float32
+and int8 weights, --ct2_threads intra-op threads each; it has no encoder-decoder
+speculation).
 Reports tokens/s, speedups, tokens per target call (HF: target forward calls counted by
 a forward hook) and how many greedy outputs agree across systems.
 Writes results/peers.json and results/peers.md.
@@ -17,7 +20,9 @@ Writes results/peers.json and results/peers.md.
 from __future__ import annotations
 
 import sys
+import tempfile
 
+import ctranslate2
 import numpy as np
 import torch
 import transformers
@@ -25,7 +30,7 @@ import transformers
 from specdec_t5x.algorithm import batching
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.integration.hf_convert import hf_model_from_params
-from specdec_t5x.research import evaluation, harness, speed
+from specdec_t5x.research import evaluation, harness, peers, speed
 
 
 def to_hf(config, params) -> transformers.T5ForConditionalGeneration:
@@ -43,43 +48,6 @@ def logits_check(module, params, hf, enc: np.ndarray, dec: np.ndarray) -> float:
   return float(np.abs(ours - theirs).max() / np.abs(theirs).max())
 
 
-class HFRunner:
-  """HF generate over the inputs one at a time; counts target forward calls."""
-
-  def __init__(self, hf, inputs, max_len, sample, assistant=None, seed=0):
-    self.hf, self.inputs, self.max_len, self.sample = hf, inputs, max_len, sample
-    self.assistant, self.seed, self.calls, self.tokens = assistant, seed, 0, None
-    hf.register_forward_hook(self._hook)
-    self._counting = False
-
-  def _hook(self, *unused):
-    if self._counting:
-      self.calls += 1
-
-  def __call__(self):
-    self.calls, self.tokens, self._counting = 0, [], True
-    kw = dict(max_new_tokens=self.max_len, num_beams=1, decoder_start_token_id=0,
-              eos_token_id=1, pad_token_id=0, do_sample=self.sample)
-    if self.sample:
-      kw.update(temperature=1.0, top_k=0, top_p=1.0)
-    if self.assistant is not None:
-      kw['assistant_model'] = self.assistant
-    with torch.no_grad():
-      for i, ids in enumerate(self.inputs):
-        torch.manual_seed(self.seed + i)
-        # A lazily sized cache: transformers 5 sizes a config-built cache by num_layers (the
-        # encoder's), which breaks our decoder-heavy target (3 encoder, 4 decoder layers).
-        cache = transformers.EncoderDecoderCache(transformers.DynamicCache(),
-                                                 transformers.DynamicCache())
-        out = self.hf.generate(torch.from_numpy(ids[None].astype(np.int64)),
-                               past_key_values=cache, **kw)[0, 1:]
-        out = out.numpy().astype(np.int32)
-        stop = np.flatnonzero(out == 1)
-        self.tokens.append(out[:stop[0] + 1] if stop.size else out[out != 0])
-    self._counting = False
-    return self.tokens
-
-
 def main(argv=None):
   ap = harness.parser(__doc__, harness.results_path(__file__, 'peers'), repeats=3)
   ap.add_argument('--target', default='demo_target')
@@ -88,7 +56,9 @@ def main(argv=None):
   ap.add_argument('--num_examples', type=int, default=20)
   ap.add_argument('--max_len', type=int, default=64)
   ap.add_argument('--gamma', type=int, default=3)
-  ap.add_argument('--threads', type=int, default=2)
+  ap.add_argument('--threads', type=int, default=2, help='PyTorch threads')
+  ap.add_argument('--ct2_threads', default='1,2', help='CTranslate2 intra-op threads to time')
+  ap.add_argument('--ct2_types', default='float32,int8', help='CTranslate2 weight types')
   args = ap.parse_args(argv)
   torch.set_num_threads(args.threads)
 
@@ -109,25 +79,33 @@ def main(argv=None):
 
   greedy, sample = DecodeConfig(gamma=args.gamma), DecodeConfig(1.0, gamma=args.gamma)
   fns = {
-      'hf_greedy': HFRunner(hf_t, inputs, args.max_len, False),
-      'hf_assisted_greedy': HFRunner(hf_t, inputs, args.max_len, False, hf_d),
+      'hf_greedy': peers.HFRunner(hf_t, inputs, args.max_len, False),
+      'hf_assisted_greedy': peers.HFRunner(hf_t, inputs, args.max_len, False, hf_d),
       'ours_ar_greedy': speed.Decoder(target, None, enc, args.max_len, greedy),
       'ours_spec_greedy': speed.Decoder(target, draft, enc, args.max_len, greedy),
-      'hf_sample': HFRunner(hf_t, inputs, args.max_len, True),
-      'hf_assisted_sample': HFRunner(hf_t, inputs, args.max_len, True, hf_d),
+      'hf_sample': peers.HFRunner(hf_t, inputs, args.max_len, True),
+      'hf_assisted_sample': peers.HFRunner(hf_t, inputs, args.max_len, True, hf_d),
       'ours_ar_sample': speed.Decoder(target, None, enc, args.max_len, sample),
       'ours_spec_sample': speed.Decoder(target, draft, enc, args.max_len, sample),
   }
+  ct2_dir = tempfile.TemporaryDirectory()
+  for kind in args.ct2_types.split(','):
+    path = peers.ctranslate2_model(hf_t, evaluation.DEMO_VOCAB, ct2_dir.name, kind)
+    for threads in harness.ints(args.ct2_threads):
+      fns[f'ct2_{kind}_{threads}thread_greedy'] = peers.CT2Runner(
+          path, inputs, args.max_len, threads, kind)
   # Each HF runner hooks hf_t; only the running one counts (its _counting flag).
   timings = harness.interleaved(fns, args.repeats)
+  ct2_dir.cleanup()
   med = timings.median
   systems = {}
   for name, fn in fns.items():
     tokens = fn.tokens
     n = int(sum(len(t) for t in tokens))
-    calls = fn.calls if isinstance(fn, HFRunner) else int(fn.stats['target_calls'].sum())
+    calls = (int(fn.stats['target_calls'].sum()) if isinstance(fn, speed.Decoder)
+             else fn.calls)  # None: CTranslate2 does not say
     systems[name] = {'tokens': n, 'seconds_median': med[name], 'tokens_per_s': n / med[name],
-                     'target_calls': calls, 'tokens_per_target_call': n / calls}
+                     'target_calls': calls, 'tokens_per_target_call': calls and n / calls}
   for mode in ('greedy', 'sample'):
     for name in fns:
       if name.endswith(mode):
@@ -136,16 +114,17 @@ def main(argv=None):
         systems[name]['speed_vs_ours_ar'] = (systems[name]['tokens_per_s'] /
                                              systems[f'ours_ar_{mode}']['tokens_per_s'])
   ref = fns['ours_ar_greedy'].tokens
-  agree = {name: int(sum(np.array_equal(a, b) for a, b in zip(ref, fns[name].tokens)))
-           for name in fns if name.endswith('greedy')}
+  agree = {name: peers.agreement(ref, fns[name].tokens) for name in fns
+           if name.endswith('greedy')}
   report = harness.Report(__file__, args, argv, torch=torch.__version__,
                           transformers=transformers.__version__,
+                          ctranslate2=ctranslate2.__version__,
                           torch_threads=torch.get_num_threads())
   report.data.update(logits_relative_max_diff=check, systems=systems,
                      greedy_agreement_with_ours_ar=agree, num_examples=len(inputs),
                      raw_times_s=timings.seconds)
   text = report.write(report.header(
-      'Ours vs Hugging Face on the demo weights (CPU, batch 1)',
+      'Ours vs Hugging Face and CTranslate2 on the demo weights (CPU, batch 1)',
       f"Target {args.target}, draft {args.draft}, task {args.task}, {len(inputs)} inputs, "
       f"at most {args.max_len} tokens, gamma {args.gamma} (HF assisted: constant "
       f"num_assistant_tokens={args.gamma}). Converted HF logits vs ours: relative max "
@@ -154,7 +133,7 @@ def main(argv=None):
                      'tokens/target call'],
                     [[name, s['tokens'], f"{s['tokens_per_s']:.1f}",
                       f"{s.get('speed_vs_hf_greedy', s.get('speed_vs_hf_sample')):.2f}x",
-                      f"{s['speed_vs_ours_ar']:.2f}x", f"{s['tokens_per_target_call']:.2f}"]
+                      f"{s['speed_vs_ours_ar']:.2f}x", harness.fmt(s['tokens_per_target_call'])]
                      for name, s in systems.items()]) +
       ['', f'Greedy outputs identical to ours AR (of {len(inputs)}): ' +
        ', '.join(f'{k} {v}' for k, v in agree.items())])

@@ -13,8 +13,10 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +35,29 @@ def pytest_configure(config):
       'markers', 'timing: asserts on wall-clock timings, so it runs alone: the README\'s test '
       'command runs these after the others, not beside a second worker (two workers on two '
       'cores make a tiny model\'s millisecond timings noise)')
+  _share_compiled_programs(config)
+
+
+def _share_compiled_programs(config):
+  """One JAX compilation cache for the whole run: the first process (the xdist controller,
+  or pytest alone) makes a fresh folder and names it in JAX_COMPILATION_CACHE_DIR, which
+  the workers and every child Python inherit. A program compiled once (same HLO, options
+  and devices) is then read back instead of compiled again by another test, worker or
+  child, as T5X users cache compiles across runs. Fresh per run, so a run's timings are a
+  clean machine's; removed at exit. SPECDEC_TEST_JAX_CACHE=0 turns it off."""
+  if os.environ.get('SPECDEC_TEST_JAX_CACHE') == '0':
+    return
+  if not os.environ.get('JAX_COMPILATION_CACHE_DIR'):
+    folder = tempfile.mkdtemp(prefix='specdec_jax_cache_')
+    os.environ['JAX_COMPILATION_CACHE_DIR'] = folder
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+  os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0')
+  os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
+  jax.config.update('jax_compilation_cache_dir', os.environ['JAX_COMPILATION_CACHE_DIR'])
+  jax.config.update('jax_persistent_cache_min_compile_time_secs',
+                    float(os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS']))
+  jax.config.update('jax_persistent_cache_min_entry_size_bytes',
+                    int(os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES']))
 
 
 # T5X and the libraries only T5X's path needs; a skip reason naming one of them is a skip

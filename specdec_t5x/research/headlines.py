@@ -56,9 +56,17 @@ def _cpu_kernels(d):
 
 def _peers(d):
   s = d['systems']
-  return (f"ours AR {_x(s['ours_ar_greedy']['speed_vs_hf_greedy'])} HF greedy; ours "
-          f"speculative {_x(s['ours_spec_greedy']['speed_vs_hf_greedy'] / s['hf_assisted_greedy']['speed_vs_hf_greedy'])} "
-          f"HF assisted (greedy)")
+  out = (f"ours AR {_x(s['ours_ar_greedy']['speed_vs_hf_greedy'])} HF greedy; ours "
+         f"speculative {_x(s['ours_spec_greedy']['speed_vs_hf_greedy'] / s['hf_assisted_greedy']['speed_vs_hf_greedy'])} "
+         f"HF assisted (greedy)")
+  ct2 = {k: v for k, v in s.items() if k.startswith('ct2_')}
+  if ct2:
+    ours = max(('ours_ar_greedy', 'ours_spec_greedy'), key=lambda k: s[k]['tokens_per_s'])
+    best = max(ct2, key=lambda k: ct2[k]['tokens_per_s'])
+    out += (f"; our fastest greedy ({ours}) "
+            f"{_x(s[ours]['tokens_per_s'] / ct2[best]['tokens_per_s'])} CTranslate2's "
+            f"fastest ({best})")
+  return out
 
 
 def _feature_draft(d):
@@ -104,16 +112,20 @@ def _efficiency_e2e(d):
 
 
 def _block(d):
-  return ', '.join(f"{r['task']} gamma {r['gamma']}: "
-                   f"{100 * (r['block_tpc_precise'] / r['token_tpc_precise'] - 1):+.1f}%"
-                   for r in d['rows']) + ' tokens per call, block over token (t=1)'
+  """Precise tokens per call, each block-verified decode over its token-wise twin."""
+  rows = {(r['task'], r['decode']): r for r in d['results']}
+  gain = lambda r: r['tpc_precise'] / rows[r['task'], r['decode'].replace('+block', '')][
+      'tpc_precise'] - 1
+  return ', '.join(f"{r['task']} {r['decode']}: {100 * gain(r):+.1f}%"
+                   for r in d['results'] if '+block' in r['decode']) + (
+                       ' tokens per call, block over token (t=1)')
 
 
 def _best_of(key):
   def headline(d):
     rows = [r for r in d['results'] if r.get(key) is not None and r.get(key) != 1.0]
     best = max(rows, key=lambda r: r[key])
-    label = best.get('name') or best.get('setting') or best.get('draft')
+    label = next(best[k] for k in ('decode', 'name', 'setting', 'draft') if best.get(k))
     where = f" ({best['task']})" if best.get('task') else ''
     lossy = ', LOSSY' if best.get('lossy') else ''
     return f'best {label}{where}{lossy}: {_x(best[key])} over AR'
@@ -212,7 +224,7 @@ HEADLINES: Dict[str, Callable[[Dict[str, Any]], str]] = {
     'alpha_demo': _alpha, 'demo_models': _models,
     'speedup_demo': _speedup, 'speedup_table_ende12': _efficiency_e2e, 'decode_costs': _decode_costs, 'cpu_kernels': _cpu_kernels,
     'peers': _peers, 'block_verification': _block,
-    'adaptive_gamma': _best_of('speedup_vs_ar'), 'copy_draft': _best_of('speedup'), 'tree': _tree,
+    'adaptive_gamma': _best_of('speedup_vs_ar'), 'copy_draft': _best_of('speedup_vs_ar'), 'tree': _tree,
     'batch_throughput': _batch, 'lenience': _best_of('speedup_vs_ar'),
     'loop_efficiency': _loop_efficiency, 'loop_efficiency_batch8': _loop_efficiency,
     'loop_efficiency_t5_1_1_small': _loop_efficiency,

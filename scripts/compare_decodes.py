@@ -1,0 +1,135 @@
+"""Decode variants against autoregressive decoding and the plain chain, on the demo tasks.
+
+  flock /tmp/specdec_bench.lock python scripts/compare_decodes.py --experiment=tree \
+      [--decodes=g2,g4+s1,...] [--tasks=summarize,ende] [--temperatures=0,1] [--rows=8] \
+      [--max_len=48] [--repeats=2] [--batch=1] [--quality] [--precise=64] [--seeds=4]
+  python scripts/compare_decodes.py --list
+
+demo_target with demo_draft_m unless a decode names another draft. Each experiment
+(specdec_t5x/research/experiments.py: tree, copy_draft, adaptive_gamma, lenience,
+block_verification) is a preset of these flags; a flag given overrides the preset. For
+each task and temperature, the task's first --rows test rows are decoded with AR and with
+each decode, --batch rows per call (0: all in one batch), timed interleaved after
+compilation (median of --repeats; greedy outputs checked equal to AR's). A decode spec is
+g<gamma>[+c<n>][+s<k1>.<k2>][+block][+conf[<t>]][+ra<c>][+l<x>][@<draft>] (see the
+module). --quality adds BLEU / ROUGE; --precise N adds tokens per call over N inputs x
+--seeds rngs. Writes results/<experiment>.{json,md} (or --out).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+from tqdm import tqdm
+
+from specdec_t5x.research import demo_data, evaluation, experiments, harness
+
+
+def parse_args(argv):
+  ap = harness.parser(__doc__, None)
+  ap.add_argument('--experiment', choices=sorted(experiments.EXPERIMENTS))
+  ap.add_argument('--list', action='store_true', help='name and describe the experiments')
+  ap.add_argument('--decodes')
+  ap.add_argument('--tasks')
+  ap.add_argument('--temperatures', type=lambda s: tuple(harness.floats(s)))
+  for name in ('rows', 'max_len', 'repeats', 'batch', 'precise', 'seeds'):
+    ap.add_argument(f'--{name}', type=int)
+  ap.add_argument('--quality', action='store_true', default=None)
+  args = ap.parse_args(argv)
+  if args.list:
+    return args, None
+  if not args.experiment:
+    ap.error('--experiment is required (--list names them)')
+  preset = experiments.EXPERIMENTS[args.experiment]
+  exp = dataclasses.replace(preset, **{f.name: getattr(args, f.name) for f in
+                                       dataclasses.fields(preset)
+                                       if getattr(args, f.name, None) is not None})
+  for spec in exp.decodes.split(','):
+    try:
+      experiments.parse_decode(spec)  # a bad spec fails before anything loads
+    except ValueError as e:
+      ap.error(str(e))
+  if exp.precise % 16:
+    ap.error(f'--precise {exp.precise}: a multiple of 16 (it decodes in batches of 16)')
+  args.out = args.out or harness.results_path(__file__, args.experiment)
+  return args, exp
+
+
+def run(exp: experiments.Experiment):
+  target = evaluation.load_model('demo_target')
+  tasks = exp.tasks.split(',')
+  results = []
+  with tqdm(total=len(tasks) * len(exp.temperatures), desc='decodes', unit='cell') as bar:
+    for task in tasks:
+      enc, refs, vocab = demo_data.load_task(task, exp.rows)
+      drafts = experiments.Drafts(task, target[0].config.vocab_size)
+      many = demo_data.load_task(task, exp.precise)[0] if exp.precise else None
+      for t in exp.temperatures:
+        decoders = experiments.decoders(target, enc, exp, task, t, drafts)
+        rows = experiments.rows_of(harness.interleaved(decoders, exp.repeats), task, t,
+                                   *((vocab, refs) if exp.quality else ()))
+        for r in rows:
+          if many is not None and r['decode'] != experiments.BASE:
+            wide = dataclasses.replace(decoders[r['decode']], enc=many, batch=16)
+            r['tpc_precise'], r['tpc_stderr'] = experiments.precise_tokens_per_call(
+                wide, exp.seeds)
+          print(json.dumps(r), file=sys.stderr, flush=True)
+        results += rows
+        bar.update(1)
+  return results
+
+
+def markdown(exp, results):
+  sources = any(r['accepted_by_source'] and (r['accepted_by_source']['copy_branch']
+                                             or r['accepted_by_source']['draft_siblings'])
+                for r in results)
+  quality = lambda r: (f"BLEU {r['bleu']:.2f}" if 'bleu' in r else ', '.join(
+      f'{k} {r[k]:.2f}' for k in ('rouge1', 'rouge2', 'rougeLsum') if k in r))
+  header = ['task', 't', 'decode', 'positions', 'alpha', 'tokens/call', 'drafts/step']
+  header += ['accepted chain / copy / siblings'] if sources else []
+  header += ['seconds', 'vs AR', 'vs best chain', '== AR']
+  header += ['quality'] if exp.quality else []
+  header += ['tokens/call (precise)'] if exp.precise else []
+  body = []
+  for r in results:
+    row = [r['task'], f"{r['temperature']:g}",
+           r['decode'] + (' (**LOSSY**)' if r['lossy'] else ''), r['verified_positions'],
+           harness.fmt(r['alpha_empirical']), f"{r['mean_tokens_per_target_call']:.2f}",
+           f"{r['drafts_per_step']:.2f}"]
+    row += [' / '.join(str(n) for n in r['accepted_by_source'].values())] if sources else []
+    row += [f"{r['seconds']:.2f}", f"{r['speedup_vs_ar']:.2f}",
+            harness.fmt(r['speedup_vs_best_chain']),
+            r['equal_to_ar'] if r['temperature'] == 0 else '-']
+    row += [quality(r)] if exp.quality else []
+    row += ([f"{r['tpc_precise']:.3f} +- {r['tpc_stderr']:.3f}" if 'tpc_precise' in r
+             else '-'] if exp.precise else [])
+    body.append(row)
+  return harness.table(header, body, 'lllrrrr' + 'r' * sources + 'rrrl')
+
+
+def main(argv=None):
+  args, exp = parse_args(sys.argv[1:] if argv is None else argv)
+  if exp is None:
+    for name, e in experiments.EXPERIMENTS.items():
+      print(f'{name:20s} {e.title}\n{"":20s} decodes {e.decodes}')
+    return
+  results = run(exp)
+  report = harness.Report(__file__, args, argv)
+  report.data.update(experiment=args.experiment, settings=dataclasses.asdict(exp),
+                     results=results)
+  batch = 'all rows in one batch' if not exp.batch else f'batch {exp.batch}'
+  report.write(report.header(
+      exp.title,
+      f'demo_target; drafts as named (default demo_draft_m). {exp.about}',
+      f'{exp.rows} test rows per task, {batch}, max_decode_length {exp.max_len}, median '
+      f'of {exp.repeats} interleaved repeats after compilation. positions: tokens one '
+      'target call verifies; vs best chain: speedup over the fastest plain g<gamma> chain '
+      'of the same cell; == AR: greedy tokens equal to AR\'s.' +
+      (f' Precise tokens/call: per-row mean over {exp.precise} inputs x {exp.seeds} rngs '
+       '(batch 16), +- one standard error.' if exp.precise else '')) + markdown(exp, results))
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,218 @@
+"""Named experiments of scripts/compare_decodes.py: decode variants against AR and the chain.
+
+Every experiment decodes the same demo test rows with autoregressive decoding (AR, the
+base) and with each of its decodes, timed interleaved after compilation (harness), and
+reports per (task, temperature, decode) one row: alpha, tokens per target call, drafts per
+step, accepted tokens by source, seconds, speedup over AR and over the best plain chain,
+and whether the tokens equal AR's (greedy). A decode is named by a spec:
+
+  g<gamma>[+c<n>][+s<k1>.<k2>...][+block][+conf[<threshold>]][+ra<c>][+l<lenience>][@<draft>]
+
+  +c<n>     DecodeConfig.copy_branch = n (a copy branch of n tokens in the verified tree)
+  +s<k..>   DecodeConfig.draft_siblings = (k1, k2, ...) (the draft's runner-up tokens)
+  +block    verifier='block' (block verification)
+  +conf<t>  gamma_policy=GammaPolicy('confidence', threshold=t) (t omitted: its default)
+  +ra<c>    gamma_policy=GammaPolicy('running_alpha', cost_ratio=c)
+  +l<x>     lenience = x (x < 1 is LOSSY: the output no longer follows the target)
+  @<draft>  the draft: a demo model ('demo_draft_m', the default; any checkpoints/demo
+            model), an n-gram ('bigram', 'unigram'), 'copy' (prompt lookup, uniform
+            fallback) or 'copy:<draft>' (prompt lookup falling back to <draft>)
+
+`EXPERIMENTS` holds the presets whose results/<name>.* files the repository keeps; any
+flag of the script overrides a preset's value (--decodes included), so a new comparison
+is a new preset or a command line, not a new script.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Callable, Dict, List, Sequence, Tuple
+
+import numpy as np
+
+from specdec_t5x.algorithm import stats as stats_lib
+from specdec_t5x.algorithm.config import DecodeConfig, GammaPolicy
+from specdec_t5x.algorithm.drafts import CopyDraft
+from specdec_t5x.research import demo_data, evaluation, speed
+
+BASE = 'AR'
+DEFAULT_DRAFT = 'demo_draft_m'
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+  """A preset of compare_decodes.py (every field is also a flag of the same name)."""
+  title: str
+  about: str  # what it compares, for the Markdown
+  decodes: str  # comma-separated decode specs
+  tasks: str = 'summarize,ende'
+  temperatures: Tuple[float, ...] = (0.0,)
+  rows: int = 8  # test rows per task
+  max_len: int = 48
+  repeats: int = 1
+  batch: int = 1  # rows per decode call (0: all rows in one batch)
+  quality: bool = False  # BLEU / ROUGE of every decode against the references
+  precise: int = 0  # > 0: tokens per call also over this many inputs x `seeds`, batch 16
+  seeds: int = 4
+
+
+EXPERIMENTS: Dict[str, Experiment] = {
+    'tree': Experiment(
+        'Draft trees vs chains on the demo tasks',
+        'g<gamma>: the chain; +c<n>: a copy branch of n tokens; +s<k1>.<k2>: the draft\'s '
+        'k_t runner-up tokens at depth t, verified in the same target call.',
+        'g2,g3,g5,g2+c3,g2+s1,g3+s2,g4+s1,g2+s2.1', temperatures=(0.0, 1.0), repeats=2),
+    'copy_draft': Experiment(
+        'Copy (prompt-lookup) drafts against learned and n-gram drafts',
+        'The same gamma with each draft; copy:<d> copies from the input and falls back '
+        'to <d>; +conf stops drafting where the draft is unsure.',
+        'g4,g4@bigram,g4@copy,g4+conf@copy,g4@copy:bigram,g4@copy:demo_draft_m', repeats=2),
+    'adaptive_gamma': Experiment(
+        'Adaptive draft length against fixed gamma',
+        'Fixed gammas against the confidence policy (max gamma 6, thresholds) and the '
+        'running-alpha policy (max gamma 6, cost ratios c).',
+        'g1,g2,g3,g4,g6,g6+conf0.3,g6+conf0.5,g6+conf0.7,g6+ra0.2,g6+ra0.4',
+        tasks='ende', rows=6, max_len=40),
+    'lenience': Experiment(
+        'Lenience: speed against quality (l < 1 is LOSSY)',
+        'Token verifier at temperature 1, all rows of a task in one batch (one rng for '
+        'every setting); quality against the references.',
+        'g4,g4+l0.5,g4+l0.3,g4+l0.1', tasks='ende,summarize', temperatures=(1.0,),
+        rows=16, batch=0, quality=True),
+    'block_verification': Experiment(
+        'Block verification against token-wise verification',
+        'Both verifiers are exact, so each run is a different exact sample and timed rows '
+        'differ in length; the precise tokens per call averages enough runs to resolve the '
+        'few-percent gain block verification promises (Sun et al. 2025).',
+        'g2,g2+block,g4,g4+block', tasks='ende,summarize', temperatures=(1.0,), rows=12,
+        repeats=3, precise=64),
+}
+
+_G = re.compile(r'g(\d+)$')
+_PARTS: Tuple[Tuple[re.Pattern, Callable[[re.Match], Dict[str, Any]]], ...] = (
+    (re.compile(r'c(\d+)$'), lambda m: dict(copy_branch=int(m.group(1)))),
+    (re.compile(r's(\d+(?:\.\d+)*)$'),
+     lambda m: dict(draft_siblings=tuple(int(k) for k in m.group(1).split('.')))),
+    (re.compile(r'block$'), lambda m: dict(verifier='block')),
+    (re.compile(r'conf([\d.]*)$'), lambda m: dict(gamma_policy=GammaPolicy(
+        'confidence', **({'threshold': float(m.group(1))} if m.group(1) else {})))),
+    (re.compile(r'ra([\d.]+)$'),
+     lambda m: dict(gamma_policy=GammaPolicy('running_alpha', cost_ratio=float(m.group(1))))),
+    (re.compile(r'l([\d.]+)$'), lambda m: dict(lenience=float(m.group(1)))),
+)
+
+
+def parse_decode(spec: str) -> Tuple[Dict[str, Any], str]:
+  """'g2+c3+s2.1@bigram' -> (dict(gamma=2, copy_branch=3, draft_siblings=(2, 1)), 'bigram').
+  The settings are validated by DecodeConfig before anything loads."""
+  body, _, draft = spec.partition('@')
+  first, *rest = body.split('+')
+  m = _G.match(first)
+  if not m or spec.endswith('@'):
+    raise ValueError(f'a decode is g<gamma>[+c<n>][+s<k1>.<k2>...][+block][+conf[<t>]]'
+                     f'[+ra<c>][+l<x>][@<draft>], got {spec!r}')
+  settings: Dict[str, Any] = dict(gamma=int(m.group(1)))
+  for part in rest:
+    parsed = [fn(mm) for pattern, fn in _PARTS for mm in [pattern.match(part)] if mm]
+    if not parsed:
+      raise ValueError(f'{spec!r}: unknown part {part!r} (c<n>, s<k1>.<k2>, block, '
+                       'conf[<t>], ra<c>, l<x>)')
+    if set(parsed[0]) & set(settings):
+      raise ValueError(f'{spec!r}: {part!r} sets {sorted(parsed[0])} twice')
+    settings.update(parsed[0])
+  try:
+    DecodeConfig(**settings)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f'{spec!r}: {e}') from None
+  return settings, draft or DEFAULT_DRAFT
+
+
+def is_chain(spec: str) -> bool:
+  """Whether `spec` is the paper's plain chain with the default draft (g<gamma> alone)."""
+  return bool(_G.match(spec))
+
+
+class Drafts:
+  """The drafts of one task by name, each loaded once."""
+
+  def __init__(self, task: str, vocab_size: int):
+    self.task, self.vocab_size, self._loaded = task, vocab_size, {}
+
+  def __getitem__(self, name: str):
+    if name not in self._loaded:
+      if name.startswith('copy'):
+        fallback = name.partition(':')[2]
+        if fallback:
+          module, params = self[fallback]
+          self._loaded[name] = (CopyDraft(self.vocab_size, fallback=module),
+                                {'fallback': params})
+        else:
+          self._loaded[name] = (CopyDraft(self.vocab_size), {})
+      else:
+        self._loaded[name] = evaluation.load_model(name, task=self.task)
+    return self._loaded[name]
+
+
+def decoders(target, enc: np.ndarray, exp: Experiment, task: str, temperature: float,
+             drafts: Drafts) -> Dict[str, speed.Decoder]:
+  """{name: speed.Decoder} for AR and each of exp.decodes, over the rows of `enc`."""
+  batch = exp.batch or len(enc)
+  out = {BASE: speed.Decoder(target, None, enc, exp.max_len,
+                             DecodeConfig(gamma=1, temperature=temperature), batch=batch)}
+  for spec in exp.decodes.split(','):
+    settings, draft = parse_decode(spec)
+    out[spec] = speed.Decoder(target, drafts[draft], enc, exp.max_len,
+                              DecodeConfig(temperature=temperature, **settings), batch=batch)
+  return out
+
+
+def _totals(outs: Sequence[Any]) -> Tuple[np.ndarray, Dict[str, Any]]:
+  """-> (tokens of every row [N, max_len], stats_lib.summarize of the statistics summed
+  over the rows and calls)."""
+  tokens = np.concatenate([np.asarray(o.tokens) for o in outs])
+  summed = {k: np.sum([np.asarray(o.stats[k]) for o in outs], axis=0)
+            for k in stats_lib.PER_EXAMPLE_STATS + stats_lib.BATCH_STATS}
+  return tokens, stats_lib.summarize(summed)
+
+
+def rows_of(timings: Any, task: str, temperature: float, vocab=None, refs=None
+            ) -> List[Dict[str, Any]]:
+  """One result row per decode of harness.interleaved over `decoders`' fns (AR first):
+  the decode's shape, its statistics, median seconds, speedups over AR and over the best
+  plain chain (is_chain), whether its tokens equal AR's and, given refs, its quality."""
+  med = timings.median
+  base_tokens, _ = _totals(timings.outputs[BASE])
+  rows = []
+  for name, outs in timings.outputs.items():
+    tokens, summary = _totals(outs)
+    settings, draft = parse_decode(name) if name != BASE else (None, None)
+    config = DecodeConfig(**settings) if settings else None
+    row = dict(task=task, temperature=temperature, decode=name, draft=draft,
+               verified_positions=1 + config.tree_nodes if config else 1,
+               draft_calls=config.gamma if config else 0,
+               lossy=bool(config and config.lenience < 1.0),
+               **summary, drafts_per_step=summary['drafted_tokens'] / summary['target_calls'],
+               seconds=med[name], speedup_vs_ar=med[BASE] / med[name],
+               equal_to_ar=bool(np.array_equal(tokens, base_tokens)))
+    if refs is not None:
+      row.update(demo_data.quality(task, refs, demo_data.texts(vocab, tokens)))
+    rows.append(row)
+  chains = [r['seconds'] for r in rows if is_chain(r['decode'])]
+  for r in rows:
+    r['speedup_vs_best_chain'] = min(chains) / r['seconds'] if chains else None
+  return rows
+
+
+def precise_tokens_per_call(decoder: speed.Decoder, seeds: int) -> Tuple[float, float]:
+  """(mean, standard error) of per-row tokens per target call over `seeds` runs of
+  `decoder` (each seed a different rng), so that a few-percent difference between two
+  exact samplers resolves."""
+  per_row: List[float] = []
+  for seed in range(seeds):
+    runner = dataclasses.replace(decoder, seed=1000 * seed)
+    for o in runner():
+      gen, calls = (np.asarray(o.stats[k]) for k in ('generated_tokens', 'target_calls'))
+      per_row += list(gen / np.maximum(calls, 1))
+  arr = np.asarray(per_row)
+  return float(arr.mean()), float(arr.std(ddof=1) / np.sqrt(len(arr)))
