@@ -176,16 +176,19 @@ def draft_block(first, step, s, keys, num_steps, limit, gamma: int,
 
 
 def draft_unrolled(first, step, s, keys, num_steps, gamma: int,
-                    cfg: sampling.SamplingConfig, vocab: Optional[DraftVocabulary] = None):
+                    cfg: sampling.SamplingConfig, vocab: Optional[DraftVocabulary] = None,
+                    with_logits: bool = False):
   """`draft_block` for the fixed policy: gamma draft calls unrolled, no loop or branch.
 
   With a token draft the first call always re-feeds y_{n-2} at n - 1 with y_{n-1} at n
   (a no-op rewrite of a filled slot unless the last block was fully accepted; at n = 0 it
   writes the masked slot of position -1), so the draft cache never falls behind. Near
   max_len the calls past `num_steps` draft tokens that `limit` never lets count.
+  `with_logits`: also return the draft's logits at each depth, [b, gamma, V] (a tree reads
+  the draft's runner-up tokens from them).
   """
   logits, carry = first
-  xs, qs, bad = [], [], jnp.zeros(logits.shape[:1], bool)
+  xs, qs, seen, bad = [], [], [], jnp.zeros(logits.shape[:1], bool)
   for i in range(gamma):
     if i:
       logits, carry = step(carry, xs[-1], s.length + i)
@@ -193,6 +196,8 @@ def draft_unrolled(first, step, s, keys, num_steps, gamma: int,
     bad = bad | bad_i
     xs.append(x)
     qs.append(q)
+    seen.append(logits)
   count = jnp.full(xs[0].shape, num_steps, jnp.int32)
   qs = None if qs[0] is None else jnp.stack(qs, axis=1)
-  return jnp.stack(xs, axis=1), qs, carry, jnp.int32(gamma), count, bad
+  out = (jnp.stack(xs, axis=1), qs, carry, jnp.int32(gamma), count, bad)
+  return out + (jnp.stack(seen, axis=1),) if with_logits else out

@@ -162,11 +162,9 @@ def tree_speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cach
     state = _with_prompt(state, prompt, max_len, target_fn, draft_fn)
 
   node_kind = jnp.array([0] * (1 + gamma) + [1] * c + [2] * len(sibling_depth))  # SOURCES
-  draft_logits = []  # per chain depth, the draft's logits (read for the siblings)
 
   def step(cache, x, position):
     logits, cache = draft_fn(cache, x[:, None], position)
-    draft_logits.append(logits[:, 0])
     return logits[:, 0], cache
 
   def body(s):
@@ -179,9 +177,8 @@ def tree_speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cach
     start = jnp.maximum(s.length - depth_max, -1)
     logits, carry = draft_fn(s.draft_cache, rows.window(s.seq, start + 1, depth_max + 1), start)
     first = (jnp.take_along_axis(logits, (s.length - start)[:, None, None], axis=1)[:, 0], carry)
-    draft_logits[:] = [first[0]]
-    xs, qs, draft_cache, _, _, draft_bad = draft_unrolled(first, step, s, keys, num_steps,
-                                                          gamma, cfg)
+    xs, qs, draft_cache, _, _, draft_bad, draft_logits = draft_unrolled(
+        first, step, s, keys, num_steps, gamma, cfg, with_logits=True)
     num_drafted = jnp.minimum(limit, num_steps)
     if c:
       copy, known = copy_continuation(encoder_tokens, s.seq, s.length, c)
@@ -189,7 +186,8 @@ def tree_speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cach
       copy, known = jnp.zeros((batch, 0), jnp.int32), jnp.zeros((batch, 0), bool)
     layout = tree_layout(xs, copy, known, num_drafted, limit)
     if siblings:
-      runners = [runner_up(draft_logits[t], xs[:, t], k) for t, k in enumerate(siblings) if k]
+      runners = [runner_up(draft_logits[:, t], xs[:, t], k) for t, k in enumerate(siblings)
+                 if k]
       layout = with_siblings(layout, jnp.concatenate(runners, axis=1), sibling_depth,
                              num_drafted)
     parents, nodes, valid, sampled = layout
