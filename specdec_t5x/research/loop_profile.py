@@ -30,6 +30,7 @@ import json
 import os
 import re
 import tempfile
+import time
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 import jax
@@ -109,21 +110,31 @@ def _profile_shape(target, draft, rows: Sequence[np.ndarray], max_len: int,
         return fn(*args)
     return call
 
-  fn = jax.jit(api.decode_program(target[0], draft and draft[0], max_len=max_len,
-                                  config=config, wrap=named))
+  program = api.decode_program(target[0], draft and draft[0], max_len=max_len,
+                               config=config, wrap=named)
+  nonce = time.time_ns() % (1 << 31)
+
+  def fresh(*args):  # a program no compilation cache holds (see below)
+    return program(*args), jnp.int32(nonce)
+  fn = jax.jit(fresh)
   t_vars = api.decode_variables(*target)
   d_vars = None if draft is None else api.decode_variables(*draft)
   calls = [(t_vars, d_vars, jnp.asarray(r), jax.random.PRNGKey(i), jnp.int32(1))
            for i, r in enumerate(rows)]
-  cat, opcode, op_name = categories(fn.lower(*calls[0]).compile().as_text())
+  # The traced executable is the one whose HLO names the categories, compiled here: one
+  # read back from a persistent compilation cache (JAX_COMPILATION_CACHE_DIR) traces
+  # without instruction names, so the program carries a constant no other compile had.
+  compiled = fn.lower(*calls[0]).compile()
+  cat, opcode, op_name = categories(compiled.as_text())
   iterations = 0
-  for args in calls:  # compiled and warm before the trace
-    iterations += int(np.max(np.asarray(jax.block_until_ready(fn(*args))[1]['target_calls'])))
+  for args in calls:  # warm before the trace
+    iterations += int(np.max(np.asarray(
+        jax.block_until_ready(compiled(*args))[0][1]['target_calls'])))
   with tempfile.TemporaryDirectory() as log_dir:
     jax.profiler.start_trace(log_dir, create_perfetto_trace=True)
     try:
       for args in calls:
-        jax.block_until_ready(fn(*args))
+        jax.block_until_ready(compiled(*args))
     finally:
       jax.profiler.stop_trace()
     events = _trace_events(log_dir)
