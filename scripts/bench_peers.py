@@ -88,15 +88,14 @@ def main(argv=None):
       'ours_ar_sample': speed.Decoder(target, None, enc, args.max_len, sample),
       'ours_spec_sample': speed.Decoder(target, draft, enc, args.max_len, sample),
   }
-  ct2_dir = tempfile.TemporaryDirectory()
-  for kind in args.ct2_types.split(','):
-    path = peers.ctranslate2_model(hf_t, evaluation.DEMO_VOCAB, ct2_dir.name, kind)
-    for threads in harness.ints(args.ct2_threads):
-      fns[f'ct2_{kind}_{threads}thread_greedy'] = peers.CT2Runner(
-          path, inputs, args.max_len, threads, kind)
-  # Each HF runner hooks hf_t; only the running one counts (its _counting flag).
-  timings = harness.interleaved(fns, args.repeats)
-  ct2_dir.cleanup()
+  with tempfile.TemporaryDirectory() as ct2_dir:  # the converted CTranslate2 models
+    for kind in args.ct2_types.split(','):
+      path = peers.ctranslate2_model(hf_t, evaluation.DEMO_VOCAB, ct2_dir, kind)
+      for threads in harness.ints(args.ct2_threads):
+        fns[f'ct2_{kind}_{threads}thread_greedy'] = peers.CT2Runner(
+            path, inputs, args.max_len, threads, kind)
+    # Each HF runner hooks hf_t; only the running one counts (its _counting flag).
+    timings = harness.interleaved(fns, args.repeats)
   med = timings.median
   systems = {}
   for name, fn in fns.items():

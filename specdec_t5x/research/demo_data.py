@@ -51,9 +51,9 @@ def row_decoder(target, enc: np.ndarray, max_len: int, draft=None,
 
 
 def row_totals(outs: Sequence[Any]) -> Tuple[np.ndarray, Dict[str, int]]:
-  """-> (tokens [N, max_len], the per-example statistics summed over the rows) of
-  row_decoder's outputs."""
-  tokens = np.stack([np.asarray(o.tokens[0]) for o in outs])
+  """-> (tokens [N, max_len] of every row of every output, the per-example statistics
+  summed over the rows) of row_decoder's outputs (batches of any size)."""
+  tokens = np.concatenate([np.asarray(o.tokens) for o in outs])
   return tokens, {k: int(sum(np.asarray(o.stats[k]).sum() for o in outs)) for k in stats_lib.PER_EXAMPLE_STATS}
 
 

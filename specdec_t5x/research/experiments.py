@@ -169,11 +169,11 @@ def decoders(target, enc: np.ndarray, exp: Experiment, task: str, temperature: f
 
 def _totals(outs: Sequence[Any]) -> Tuple[np.ndarray, Dict[str, Any]]:
   """-> (tokens of every row [N, max_len], stats_lib.summarize of the statistics summed
-  over the rows and calls)."""
-  tokens = np.concatenate([np.asarray(o.tokens) for o in outs])
-  summed = {k: np.sum([np.asarray(o.stats[k]) for o in outs], axis=0)
-            for k in stats_lib.PER_EXAMPLE_STATS + stats_lib.BATCH_STATS}
-  return tokens, stats_lib.summarize(summed)
+  over the rows and calls: demo_data.row_totals' and the batch statistics)."""
+  tokens, per_example = demo_data.row_totals(outs)
+  per_batch = {k: np.sum([np.asarray(o.stats[k]) for o in outs], axis=0)
+               for k in stats_lib.BATCH_STATS}
+  return tokens, stats_lib.summarize({**per_example, **per_batch})
 
 
 def rows_of(timings: Any, task: str, temperature: float, vocab=None, refs=None
