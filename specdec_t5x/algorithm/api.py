@@ -100,7 +100,7 @@ def decode_variables(module, params, mode: Optional[str] = None) -> dict:
       holds = _HOLDS_IN_BF16(rest)  # a tracer inside a trace: float32 panels there
       if not _is_traced(holds) and bool(holds):
         make = _MAKE_BF16
-    if pairs and make is _MAKE_BF16:  # the float32 layers hold bfloat16 values: pairs too
+    if pairs and (make is _MAKE_BF16 or _all_bfloat16(params)):  # float32 layers: pairs too
       made = _with_pair_layers({}, params, float32_layers=True)
     else:
       made = make(rest)
@@ -137,6 +137,13 @@ def _pair_layers(params, float32_layers: bool = False) -> dict:
   if float32_layers and embedding is not None and not any('logits_dense' in p for p in flat):
     out[('token_embedder', 'embedding')] = embedding.T
   return out
+
+
+def _all_bfloat16(params) -> bool:
+  """Every floating parameter is bfloat16 (params cast to bfloat16): the float32 layers'
+  weights are then bfloat16 values, and pair panels hold them exactly."""
+  return all(x.dtype == jnp.bfloat16 for x in jax.tree_util.tree_leaves(params)
+             if jnp.issubdtype(x.dtype, jnp.floating))
 
 
 def _without_pair_layers(params) -> dict:

@@ -62,6 +62,14 @@ def serves(mode, dtype) -> bool:
   return True
 
 
+def serves_attention(dtype) -> bool:
+  """Whether a cached attention of `dtype` traced now runs `cached_attention`: `serves` in
+  the kernel mode of the decode being traced (cpu_kernels.traced_mode), with the row
+  kernels on (cpu_kernels.row_kernel: the CPU forms)."""
+  return (jnp.dtype(dtype) == jnp.bfloat16 and cpu_kernels.row_kernel()
+          and serves(cpu_kernels.traced_mode(), dtype))
+
+
 def pack_pairs(w: jax.Array) -> jax.Array:
   """Kernel [K, N] -> bfloat16 pair panels [ceil(N / 16), ceil(K / 2), 32]:
   q[j, i, 2 c + h] = bfloat16(w[2 i + h, 16 j + c]), zero beyond K and N."""
@@ -107,3 +115,23 @@ def layer(x: jax.Array, packed: jax.Array, features: int, dtype) -> jax.Array:
     raise ValueError(f'A {jnp.dtype(dtype)} layer on pair panels needs bfloat16 inputs, '
                      f'got {x.dtype}.')
   return matmul(x, packed, features).astype(dtype)
+
+
+def cached_attention(q: jax.Array, k_t: jax.Array, v: jax.Array, bias: jax.Array,
+                     float32_logits: bool = False) -> jax.Array:
+  """`cpu_kernels.cached_attention` for bfloat16 networks, with T5X's bfloat16 casts
+  (cpu_kernels.cc CachedAttentionBf16): q bfloat16, k_t / v bfloat16 or a decode cache's uint16 bits of
+  bfloat16 (layers.cache_dtype), bias rounded to bfloat16 here -> context [B, Q, H, D]
+  float32 (round it to bfloat16). Scores, softmax and weights rounded to bfloat16 where
+  T5X's bfloat16 ops round them (`float32_logits`: the weights only); a query's context
+  is bitwise the same in a call of one query or of many."""
+  cpu_kernels._require_row_kernels()  # pylint: disable=protected-access
+  bias = jnp.asarray(bias)
+  if bias.ndim != 4:
+    raise ValueError(f'cpu_bf16.cached_attention: bias must be 4-d [B, H, Q, S], got '
+                     f'{bias.shape}.')
+  if not float32_logits:
+    bias = bias.astype(jnp.bfloat16)
+  out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
+  return jax.ffi.ffi_call(cpu_kernels.TARGET_ATTENTION_BF16, out, vmap_method='sequential')(
+      q.astype(jnp.bfloat16), k_t, v, bias.astype(jnp.float32), f32_logits=bool(float32_logits))

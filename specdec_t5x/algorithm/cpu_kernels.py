@@ -68,6 +68,7 @@ _TARGET_ARGMAX = 'specdec_row_argmax'
 _TARGET_SOFTMAX = 'specdec_row_softmax'
 _TARGET_SAMPLE = 'specdec_row_sample'
 _TARGET_ATTENTION = 'specdec_cached_attention'
+TARGET_ATTENTION_BF16 = 'specdec_cached_attention_bf16'  # cpu_bf16.cached_attention
 TARGET_DP = 'specdec_panel_matmul_dp'  # vdpbf16ps over pair panels (cpu_bf16.py)
 _SOURCE = importlib.resources.files('specdec_t5x.algorithm').joinpath('cpu_kernels.cc')
 _FLAGS = ('-O3', '-mavx2', '-mfma', '-std=c++17', '-shared', '-fPIC')
@@ -157,6 +158,7 @@ def _status() -> Tuple[bool, str]:
                          (_TARGET_SOFTMAX, lib.SpecdecRowSoftmax),
                          (_TARGET_SAMPLE, lib.SpecdecRowSample),
                          (_TARGET_ATTENTION, lib.SpecdecCachedAttention),
+                         (TARGET_ATTENTION_BF16, lib.SpecdecCachedAttentionBf16),
                          (TARGET_DP, lib.SpecdecPanelMatmulDp)):
     jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(symbol), platform='cpu')
   return True, path
@@ -247,6 +249,11 @@ def decode_mode(mode: Optional[str]):
   """Traces the decode path in kernel mode `mode` (api.decode_program): what `row_kernel`
   answers while a program is traced inside the block (None: default_mode())."""
   return _holding(_TRACED_MODE, None if mode is None else check_mode(mode))
+
+
+def traced_mode() -> str:
+  """The kernel mode of the decode being traced (decode_mode), else default_mode()."""
+  return _TRACED_MODE[0] or default_mode()
 
 
 def trace_state() -> tuple:
@@ -382,3 +389,4 @@ def cached_attention(q: jax.Array, k_t: jax.Array, v: jax.Array, bias: jax.Array
   out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
   return jax.ffi.ffi_call(_TARGET_ATTENTION, out, vmap_method='sequential')(
       q.astype(jnp.float32), k_t.astype(jnp.float32), v.astype(jnp.float32), bias)
+

@@ -215,7 +215,9 @@ class FeatureDraft(nn.Module):
       q, k_new, v_new = layer.qkv(x)
       (k_cache, v_cache), ok = rows.update_all(
           (layer_cache['k'], layer_cache['v']),
-          (k_new.transpose(0, 2, 3, 1), v_new.transpose(0, 2, 1, 3)), positions + 1, axes=(3, 2))
+          (rows.store(k_new.transpose(0, 2, 3, 1), layer_cache['k']),
+           rows.store(v_new.transpose(0, 2, 1, 3), layer_cache['v'])), positions + 1,
+          axes=(3, 2))
       attended = layer.self_attention.attend_cached(q, k_cache, v_cache, self_bias)
       x = layer.finish(x, attended, layer_cache['cross_k'], layer_cache['cross_v'], cross_bias)
       new_layers.append(dict(layer_cache, k=k_cache, v=v_cache))

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import cpu_bf16, cpu_kernels, tree as tree_lib
+from specdec_t5x.algorithm import cpu_bf16, cpu_kernels, rows, tree as tree_lib
 
 NUM_BUCKETS = 32  # T5's relative-position buckets ...
 MAX_DISTANCE = 128  # ... log-spaced up to this distance.
@@ -234,19 +234,26 @@ class Attention(nn.Module):
     demo target 13-20% cheaper). Each query is then computed as a one-token call computes it.
     With the row kernels on (float32, 1..PER_QUERY_MAX queries) one
     cpu_kernels.cached_attention call does it all per attention block, in place of ~6
-    small XLA:CPU instructions per query, each of a fixed cost.
+    small XLA:CPU instructions per query, each of a fixed cost; for a bfloat16 network in
+    kernel mode 'packed_bf16', cpu_bf16.cached_attention, with T5X's bfloat16 casts. k_t and
+    v may be a cache's uint16 bits of 16-bit floats (rows.storage_dtype).
     """
+    num = q.shape[1]
+    if num <= PER_QUERY_MAX and cpu_bf16.serves_attention(q.dtype):  # bits or bfloat16
+      return self._out(cpu_bf16.cached_attention(q, k_t, v, bias, self.float32_logits)
+                       .astype(self.dtype))
+    k_t, v = rows.load(k_t, self.dtype), rows.load(v, self.dtype)  # a cache's 16-bit bits
+
     def context(q, bias):
       return self._context(q, k_t, v, bias, 'bqhd,bhdk->bhqk', 'bhqk,bhkd->bqhd', True)
-    num = q.shape[1]
     if _attention_kernel(num, q, k_t, v):
       return self._out(_kernel_cached_context(q, k_t, v, bias.astype(jnp.float32))
                        .astype(self.dtype))
     if not _per_query(num):
       return self._out(context(q, bias))
-    rows = bias.shape[2] > 1  # else one bias row serves every query
+    per_row = bias.shape[2] > 1  # else one bias row serves every query
     return self._out(jnp.concatenate(
-        [context(q[:, i:i + 1], bias[:, :, i:i + 1] if rows else bias) for i in range(num)],
+        [context(q[:, i:i + 1], bias[:, :, i:i + 1] if per_row else bias) for i in range(num)],
         axis=1))
 
   def __call__(self, inputs_q, inputs_kv, bias, deterministic: bool = True):
@@ -288,8 +295,9 @@ def empty_decode_cache(layers, encoded, encoder_tokens, max_length: int, num_hea
   cache_layers = []
   for layer in layers:
     ck, cv = layer.cross_kv(encoded)
-    cache_layers.append({'k': jnp.zeros((b, num_heads, head_dim, slots), dtype),
-                         'v': jnp.zeros((b, num_heads, slots, head_dim), dtype),
+    stored = rows.storage_dtype(dtype)  # 16-bit floats as their bits on CPU (rows.py)
+    cache_layers.append({'k': jnp.zeros((b, num_heads, head_dim, slots), stored),
+                         'v': jnp.zeros((b, num_heads, slots, head_dim), stored),
                          'cross_k': ck, 'cross_v': cv})
   return {'layers': cache_layers, 'encoder_mask': encoder_tokens > 0,
           SKIPPED: jnp.zeros((), bool)}

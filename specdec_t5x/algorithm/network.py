@@ -126,7 +126,8 @@ class DecoderLayer(nn.Module):
     k_new, v_new = self.self_attention.project_kv(y)  # [b, k, h, d]
     (k_cache, v_cache), fits = rows.update_all(
         (layer_cache['k'], layer_cache['v']),
-        (k_new.transpose(0, 2, 3, 1), v_new.transpose(0, 2, 1, 3)), slots, axes=(3, 2))
+        (rows.store(k_new.transpose(0, 2, 3, 1), layer_cache['k']),
+         rows.store(v_new.transpose(0, 2, 1, 3), layer_cache['v'])), slots, axes=(3, 2))
     y = self.self_attention.attend_cached(q, k_cache, v_cache, self_bias)
     x = x + y
     cross = lambda z: self.encoder_decoder_attention.attend_cached(

@@ -4,12 +4,45 @@ Each batch row reads or writes its own window along axis 1. Under `vmap` XLA low
 to a gather / scatter, whose per-call cost shows on XLA:CPU at batch 1 (about 16 us per
 cache write, on every layer of every decoder call); a batch of one row takes the plain
 dynamic slice instead. The values are the same either way.
+
+On the CPU backend a decode cache keeps 16-bit float values as their bits (`storage_dtype`,
+`store`, `load`): XLA:CPU computes 16-bit float ops in float32, so a write into a bfloat16
+buffer converts the whole buffer to float32 and back on every call, while a write of the
+same bits into a uint16 buffer is in place.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from specdec_t5x.algorithm import cpu_kernels
+
+_HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def storage_dtype(dtype) -> jnp.dtype:
+  """The dtype a decode cache keeps values of `dtype` in: uint16 bits for a 16-bit float on
+  the CPU backend (cpu_kernels.cpu_forms), else `dtype`."""
+  dtype = jnp.dtype(dtype)
+  return jnp.dtype(jnp.uint16) if dtype in _HALF and cpu_kernels.cpu_forms() else dtype
+
+
+def store(x: jax.Array, buffer: jax.Array) -> jax.Array:
+  """x's values in `buffer`'s dtype: for a uint16 buffer holding 16-bit float bits, x (a
+  16-bit float) bitcast; otherwise x cast."""
+  if buffer.dtype == jnp.uint16 and jnp.issubdtype(x.dtype, jnp.floating):
+    if x.dtype not in _HALF:
+      raise ValueError(f'A uint16 cache holds 16-bit float bits; got {x.dtype} values.')
+    return jax.lax.bitcast_convert_type(x, jnp.uint16)
+  return x.astype(buffer.dtype)
+
+
+def load(buffer: jax.Array, dtype) -> jax.Array:
+  """`buffer`'s values as `dtype` (a 16-bit float read back from its uint16 bits)."""
+  if buffer.dtype == jnp.uint16 and jnp.dtype(dtype) in _HALF:
+    return jax.lax.bitcast_convert_type(buffer, dtype)
+  return buffer.astype(dtype)
 
 
 def window(x: jax.Array, start: jax.Array, size: int) -> jax.Array:
@@ -21,7 +54,11 @@ def window(x: jax.Array, start: jax.Array, size: int) -> jax.Array:
 
 def update(x: jax.Array, new: jax.Array, start: jax.Array, axis: int = 1) -> jax.Array:
   """x [b, ...], new [b, ...] (k along `axis`, else x's sizes), start [b] -> x with row
-  r's [start[r], start[r] + k) along `axis` replaced by new[r] (cast to x's dtype)."""
+  r's [start[r], start[r] + k) along `axis` replaced by new[r] (cast to x's dtype; a
+  cache of 16-bit float bits takes `store`'s bits)."""
+  if jnp.issubdtype(new.dtype, jnp.floating) and not jnp.issubdtype(x.dtype, jnp.floating):
+    raise ValueError(f'Writing {new.dtype} values into a {x.dtype} buffer would cast them; '
+                     f'write rows.store(values, buffer).')
   new = new.astype(x.dtype)
   if x.shape[0] == 1:
     return jax.lax.dynamic_update_slice_in_dim(x, new, start[0], axis=axis)
