@@ -9,7 +9,7 @@ demo_draft_m/checkpoint_5682; sizes from their config.json, as configs/demo_draf
 committed EN-DE test sample (data/demo/ende_test.tsv, inputs padded to 128, at most 64
 decoded tokens: configs/demo.gin's TASK_FEATURE_LENGTHS). Real T5X must be installed.
 Params are cast to the network dtype, as t5x.infer restores them (CHECKPOINT_DTYPE).
-Measures, per dtype (bfloat16, float32):
+Measures, per dtype (bfloat16, float32) and for bfloat16 also in kernel mode 'packed_bf16':
 
 1. teacher-forced logits of our network vs T5X's network (t5x/examples/t5/network.py) on
    the test references: max |difference| and argmax agreement;
@@ -48,6 +48,12 @@ TARGET = 'demo_target/checkpoint_2239'
 DRAFT = 'demo_draft_m/checkpoint_5682'
 INPUT_LEN, MAX_LEN = 128, 64  # configs/demo.gin's TASK_FEATURE_LENGTHS
 DTYPES = ('bfloat16', 'float32')
+# The columns: (name, dtype, DecodeConfig.cpu_kernels mode of our decodes). 'packed' runs a
+# bfloat16 network's bfloat16 layers and attention on XLA's ops; 'packed_bf16' on this
+# project's bfloat16 kernels (rows independent, not XLA's summation order).
+COLUMNS = (('bfloat16', 'bfloat16', 'packed'),
+           ('bfloat16_packed_bf16', 'bfloat16', 'packed_bf16'),
+           ('float32', 'float32', 'packed'))
 
 
 def load(path: str, dtype: str, float32_attention_logits: bool = False):
@@ -108,11 +114,13 @@ def t5x_greedy(target, enc: np.ndarray, batch: int) -> List[List[int]]:
   return out
 
 
-def our_greedy(target, enc: np.ndarray, batch: int, draft=None, gamma: int = 1):
-  """Our greedy decode (speculative with a draft): (rows, target calls)."""
+def our_greedy(target, enc: np.ndarray, batch: int, draft=None, gamma: int = 1,
+               mode: str = 'packed'):
+  """Our greedy decode in kernel `mode` (speculative with a draft): (rows, target calls)."""
   out, calls = [], 0
   for e, n in batches(enc, batch):
-    o = api.generate(target, e, draft=draft, gamma=gamma, max_decode_length=MAX_LEN)
+    o = api.generate(target, e, draft=draft, gamma=gamma, max_decode_length=MAX_LEN,
+                     cpu_kernels=mode)
     out += [cut(r) for r in np.asarray(o.tokens)[:n]]
     calls += int(np.asarray(o.stats['target_calls'])[:n].sum())
   return out, calls
@@ -127,12 +135,12 @@ def first_divergence(a: List[int], b: List[int]) -> int:
   return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def time_ar(dtypes: Sequence[str], enc: np.ndarray, repeats: int) -> Dict[str, float]:
-  """Median seconds of our batch-1 greedy AR decode of one input, per dtype (interleaved)."""
+def time_ar(enc: np.ndarray, repeats: int) -> Dict[str, float]:
+  """Median seconds of our batch-1 greedy AR decode of one input, per column (interleaved)."""
   fns = {}
-  for dtype in dtypes:
-    target = load(TARGET, dtype)
-    fns[dtype] = (lambda t: lambda: api.generate(t, enc[:1], max_decode_length=MAX_LEN))(target)
+  for name, dtype, mode in COLUMNS:
+    fns[name] = (lambda t, m: lambda: api.generate(t, enc[:1], max_decode_length=MAX_LEN,
+                                                   cpu_kernels=m))(load(TARGET, dtype), mode)
   return harness.interleaved(fns, repeats).median
 
 
@@ -177,29 +185,29 @@ def measure(args) -> Dict[str, Any]:
   refs = batching.pad_batch([e.targets[:MAX_LEN] for e in examples], MAX_LEN, MAX_LEN)
   gammas = [int(g) for g in args.gammas.split(',')]
   result: Dict[str, Any] = {}
-  for dtype in DTYPES:
+  for name, dtype, mode in COLUMNS:
     target = load(TARGET, dtype, args.float32_attention_logits)
     draft = load(DRAFT, dtype, args.float32_attention_logits)
     t5x_net = t5x_module(target[0])
     cell: Dict[str, Any] = {'teacher_forced_vs_t5x': teacher_forced(target, t5x_net, enc, refs,
                                                                     args.batch_size)}
-    ar, ar_calls = our_greedy(target, enc, args.batch_size)
+    ar, ar_calls = our_greedy(target, enc, args.batch_size, mode=mode)
     t5x = t5x_greedy(target, enc, args.batch_size)
     cell['ar_vs_t5x'] = same(ar, t5x)
     cell['ar_target_calls'] = ar_calls
     cell['speculative_vs_ar'] = {}
     for g in gammas:
-      spec, calls = our_greedy(target, enc, args.batch_size, draft=draft, gamma=g)
+      spec, calls = our_greedy(target, enc, args.batch_size, draft=draft, gamma=g, mode=mode)
       s = same(spec, ar)
       s['first_divergence'] = [first_divergence(spec[i], ar[i]) for i in s['differing_rows']]
       s['target_calls'] = calls
       cell['speculative_vs_ar'][str(g)] = s
-      print(f'{dtype} gamma {g}: {s["identical_rows"]}/{s["rows"]}', file=sys.stderr)
+      print(f'{name} gamma {g}: {s["identical_rows"]}/{s["rows"]}', file=sys.stderr)
     cell['ar_rows'] = ar
-    result[dtype] = cell
+    result[name] = cell
   result['ar_bf16_vs_ar_f32'] = same(result['bfloat16']['ar_rows'], result['float32']['ar_rows'])
   if args.time:
-    result['ar_seconds_per_input'] = time_ar(DTYPES, enc, args.repeats)
+    result['ar_seconds_per_input'] = time_ar(enc, args.repeats)
   return result
 
 
@@ -209,21 +217,26 @@ def render(report: harness.Report) -> List[str]:
       'bfloat16 vs float32: what holds exactly (demo family, EN-DE test sample)',
       f"{args['num_examples']} inputs (padded to {INPUT_LEN}), greedy, at most {MAX_LEN} "
       f"tokens, batch {args['batch_size']}; target {TARGET}, draft {DRAFT}; params cast to "
-      f"the dtype; float32_attention_logits={args['float32_attention_logits']}.")
-  tf = {d: r[d]['teacher_forced_vs_t5x'] for d in DTYPES}
+      f"the dtype; float32_attention_logits={args['float32_attention_logits']}. Columns: dtype "
+      "(_ the kernel mode of our decodes, DecodeConfig.cpu_kernels, when not 'packed': "
+      "'packed' leaves a bfloat16 network's layers and attention to XLA's ops, 'packed_bf16' "
+      "runs them on this project's bfloat16 kernels, whose rows are independent). The T5X "
+      "network's logits are teacher-forced, without kernels, in every column.")
+  names = [c[0] for c in COLUMNS if c[0] in r]
+  tf = {d: r[d]['teacher_forced_vs_t5x'] for d in names}
   fmt = lambda s: f"{s['identical_rows']}/{s['rows']}"
   cells = [['teacher-forced logits == T5X network (bitwise)'] + [
       f"{tf[d]['bitwise_equal']} (max diff {tf[d]['max_abs_diff']:.3g}, "
-      f"argmax {100 * tf[d]['argmax_agreement']:.2f}% of {tf[d]['tokens']})" for d in DTYPES]]
+      f"argmax {100 * tf[d]['argmax_agreement']:.2f}% of {tf[d]['tokens']})" for d in names]]
   cells.append(['greedy AR rows == stock T5X temperature_sample'] +
-               [fmt(r[d]['ar_vs_t5x']) for d in DTYPES])
+               [fmt(r[d]['ar_vs_t5x']) for d in names])
   cells += [[f'greedy speculative (gamma {g}) rows == our greedy AR'] +
-            [fmt(r[d]['speculative_vs_ar'][g]) for d in DTYPES]
+            [fmt(r[d]['speculative_vs_ar'][g]) for d in names]
             for g in r['bfloat16']['speculative_vs_ar']]
-  lines += harness.table([''] + list(DTYPES), cells)
+  lines += harness.table([''] + names, cells)
   lines += ['', f"bfloat16 greedy AR rows == float32 greedy AR rows: "
                 f"{fmt(r['ar_bf16_vs_ar_f32'])}."]
-  for d in DTYPES:
+  for d in names:
     for g, s in r[d]['speculative_vs_ar'].items():
       if s['differing_rows']:
         lines.append(f"- {d}, gamma {g}: rows {s['differing_rows']} differ from AR first at "
