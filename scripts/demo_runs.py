@@ -81,7 +81,8 @@ def main(argv=None):
                       f"{r['identical_predictions']} ({r['num_predictions']})"]
                      for i, r in enumerate(runs)], 'rllll') +
       ['', 'The speedup is the pooled ratio (total autoregressive seconds / total speculative '
-       'seconds over the batches, interleaved batch by batch) with a bootstrap 95% interval, '
+       'seconds over the batches, the two decodes taking turns chunk by chunk) with a bootstrap '
+       '95% interval, '
        'and the median and IQR of the per-batch ratios; batches that compile a new length '
        'bucket are left out (timing.paired_speedup).'])
 

@@ -257,6 +257,24 @@ def test_tiny_config_runs(tmp_path):
   assert metrics['target_checkpoint'] is None and metrics['fallback_init_rng'] == 0
 
 
+def test_compare_baseline_takes_turns_going_first_chunk_by_chunk(tmp_path, monkeypatch):
+  """Each chunk's batches run by one decode and then by the other, the first one in turn
+  (speculative first in even chunks, the baseline in odd ones), never batch by batch."""
+  tasks.register_tasks()
+  order = []
+  run = infer.BatchRunner.run
+
+  def recording(self, index, rows, info):
+    order.append(('spec' if self.model.is_speculative else 'base', index))
+    return run(self, index, rows, info)
+  monkeypatch.setattr(infer.BatchRunner, 'run', recording)
+  infer.main(['--gin_file=configs/spec_tiny_test.gin', f"--gin.INFER_OUTPUT_DIR='{tmp_path}'",
+              '--gin.infer.compare_baseline=True', '--gin.infer.num_examples=16',
+              '--gin.infer.checkpoint_period=2'])  # 4 batches of 4: 2 chunks of 2 batches
+  assert order == [('spec', 0), ('spec', 1), ('base', 0), ('base', 1),
+                   ('base', 2), ('base', 3), ('spec', 2), ('spec', 3)]
+
+
 def test_compare_baseline_interleaves_ar_and_matches_greedy(tmp_path):
   tasks.register_tasks()
   metrics = infer.main(['--gin_file=configs/spec_tiny_test.gin',
