@@ -7,9 +7,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from scipy import stats
 
 from conftest import make_model, random_inputs, run_child, tiny_config
-from specdec_t5x.algorithm import api, cpu_bf16, cpu_kernels, layers
+from specdec_t5x.algorithm import api, cpu_bf16, cpu_kernels, layers, sampling
+import test_distribution as dist
 from specdec_t5x.algorithm.api import generate
 
 pytestmark = pytest.mark.skipif(
@@ -192,3 +194,22 @@ def test_the_environment_names_the_mode():
   code = ('import json\nfrom specdec_t5x.algorithm.config import DecodeConfig\n'
           "print('RESULT', json.dumps(DecodeConfig().cpu_kernels))")
   assert run_child(code, SPECDEC_CPU_KERNELS='bf16') == 'packed_bf16'
+
+
+@pytest.mark.parametrize('cfg', [sampling.SamplingConfig(1.0),
+                                 sampling.SamplingConfig(0.8, topk=3)], ids=['t1', 'topk3'])
+def test_sampling_in_bfloat16_follows_the_targets_law(cfg):
+  """Mode packed_bf16, bfloat16 target and draft, sequences of up to 5 tokens at gamma 2:
+  speculative samples follow the target's law as this mode's one-token steps compute it
+  (autoregressive samples in the same mode, two-sample chi-square), and its exact law by
+  teacher forcing; every branch of the acceptance rule occurs."""
+  target = make_model(tiny_config(vocab=dist.VOCAB, dtype=jnp.bfloat16), seed=10,
+                      logit_scale=1.5)
+  draft = make_model(tiny_config(vocab=dist.VOCAB, emb=16, layers=1, dtype=jnp.bfloat16),
+                     seed=11, logit_scale=1.5)
+  spec = dist.sample_counts(target, draft, dist.ENC, cfg, seed=21, cpu_kernels='packed_bf16')
+  ar = dist.sample_counts(target, None, dist.ENC, cfg, seed=22, cpu_kernels='packed_bf16')
+  keys = sorted(set(spec) | set(ar))
+  table = np.array([[spec.get(k, 0) for k in keys], [ar.get(k, 0) for k in keys]])
+  assert stats.chi2_contingency(table[:, table.sum(0) >= 10]).pvalue > 1e-3
+  assert dist.chi2_pvalue(dist.exact_probabilities(target, dist.ENC, cfg), spec) > 1e-3
