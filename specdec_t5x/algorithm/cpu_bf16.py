@@ -120,9 +120,9 @@ def layer(x: jax.Array, packed: jax.Array, features: int, dtype) -> jax.Array:
 def cached_attention(q: jax.Array, k_t: jax.Array, v: jax.Array, bias: jax.Array,
                      float32_logits: bool = False) -> jax.Array:
   """`cpu_kernels.cached_attention` for bfloat16 networks, with T5X's bfloat16 casts
-  (cpu_kernels.cc CachedAttentionBf16): q bfloat16, k_t / v bfloat16 or a decode cache's uint16 bits of
-  bfloat16 (layers.cache_dtype), bias rounded to bfloat16 here -> context [B, Q, H, D]
-  float32 (round it to bfloat16). Scores, softmax and weights rounded to bfloat16 where
+  (cpu_kernels.cc CachedAttentionBf16): q bfloat16, k_t / v bfloat16 or a decode cache's
+  uint16 bits of bfloat16 (rows.storage_dtype), bias rounded to bfloat16 here -> context
+  [B, Q, H, D] float32 (round it to bfloat16). Scores, softmax and weights rounded to bfloat16 where
   T5X's bfloat16 ops round them (`float32_logits`: the weights only); a query's context
   is bitwise the same in a call of one query or of many."""
   cpu_kernels._require_row_kernels()  # pylint: disable=protected-access

@@ -671,7 +671,9 @@ void AttendQuery(const float* q, const T* kt, const T* v, const float* bias, int
   }
   for (; d + 8 <= D; d += 8) {
     __m256 acc = _mm256_setzero_ps();
-    for (j = 0; j < S; ++j) acc = _mm256_fmadd_ps(_mm256_set1_ps(buf[j]), Load8(v + j * D + d), acc);
+    for (j = 0; j < S; ++j) {
+      acc = _mm256_fmadd_ps(_mm256_set1_ps(buf[j]), Load8(v + j * D + d), acc);
+    }
     _mm256_storeu_ps(o + d, acc);
   }
   for (; d < D; ++d) {

@@ -389,4 +389,3 @@ def cached_attention(q: jax.Array, k_t: jax.Array, v: jax.Array, bias: jax.Array
   out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
   return jax.ffi.ffi_call(_TARGET_ATTENTION, out, vmap_method='sequential')(
       q.astype(jnp.float32), k_t.astype(jnp.float32), v.astype(jnp.float32), bias)
-
