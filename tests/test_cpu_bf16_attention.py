@@ -8,18 +8,13 @@ import numpy as np
 import pytest
 
 from conftest import make_model, random_inputs, tiny_config
+from test_cpu_bf16 import _bf16 as _round  # float32 values -> bfloat16 values, as float64
 from specdec_t5x.algorithm import api, cpu_bf16, cpu_kernels, rows
 from specdec_t5x.algorithm.api import generate
 
 needs_kernels = pytest.mark.skipif(not cpu_kernels._status()[0],  # pylint: disable=protected-access
                                    reason='the CPU kernels need x86-64 with AVX2/FMA and g++')
 _ATTEND = jax.jit(cpu_bf16.cached_attention, static_argnums=4)
-
-
-def _round(a):
-  """float32 values -> the nearest bfloat16 values, as float64."""
-  return np.asarray(jnp.asarray(np.asarray(a, np.float32)).astype(jnp.bfloat16)
-                    .astype(jnp.float32), np.float64)
 
 
 def _operands(b, q_len, h, d, s, seed):
