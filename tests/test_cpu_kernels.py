@@ -212,17 +212,27 @@ def test_packing_inside_a_trace_is_never_cached():
   assert not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(packed))
 
 
-def test_params_without_float32_kernels_decode_inside_a_trace():
-  """bfloat16 params (nothing to pack) traced by an outer jit, as T5X's infer passes a
-  bfloat16 draft: no bfloat16-panel check may run on them (it would be a tracer)."""
+def test_params_cast_to_bfloat16_get_bfloat16_panels_inside_a_trace_too():
+  """Params cast to bfloat16 (as T5X's infer restores a bfloat16 checkpoint, then traces them
+  under its jit) are packed as bfloat16 panels by their dtype, tied logits included, with no
+  value check (inside a trace it would be a tracer), and decode to the tokens of the same
+  values in float32 and of XLA's ops."""
   module, params, enc = _tiny(True)
   half = jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), params)
+  packed = lambda p: api.decode_variables(module, p)[cpu_kernels.COLLECTION]
+  for made in (packed(half), jax.jit(packed)(half)):
+    assert {str(x.dtype) for x in jax.tree_util.tree_leaves(made)} == {'bfloat16'}
+    assert 'embedding' in made['token_embedder']  # the tied logits: no per-step transpose
   run = jax.jit(lambda t, d, e: api.generate((module, t), e, draft=(module, d), gamma=2,
                                              max_decode_length=6).tokens)
   inside = run(half, half, enc)
   outside = api.generate((module, half), enc, draft=(module, half), gamma=2,
                          max_decode_length=6)
   np.testing.assert_array_equal(inside, outside.tokens)
+  widened = jax.tree_util.tree_map(lambda x: x.astype(jnp.float32), half)
+  for kw in ({}, {'cpu_kernels': 'xla'}):
+    np.testing.assert_array_equal(
+        api.generate((module, widened), enc, max_decode_length=6, **kw).tokens, inside)
 
 
 def test_without_a_compiler_decoding_falls_back_to_xla(tmp_path):

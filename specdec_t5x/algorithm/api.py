@@ -97,10 +97,13 @@ def decode_variables(module, params, mode: Optional[str] = None) -> dict:
   if hit is None or any(ref() is not x for ref, x in zip(hit[0], leaves)):
     make, rest = _MAKE[kind], _without_pair_layers(params) if pairs else params
     if bf16:  # bitwise the same products, half the bytes per call
-      holds = _HOLDS_IN_BF16(rest)  # a tracer inside a trace: float32 panels there
+      dtypes = {w.dtype for w in network.packed_weights(rest).values()}
+      # bfloat16 weights hold by their dtype, known inside a trace too; float32 ones by
+      # their values, a tracer inside a trace: float32 panels there
+      holds = dtypes == {jnp.dtype(jnp.bfloat16)} or _HOLDS_IN_BF16(rest)
       if not _is_traced(holds) and bool(holds):
         make = _MAKE_BF16
-    if pairs and (make is _MAKE_BF16 or _all_bfloat16(params)):  # float32 layers: pairs too
+    if pairs and make is _MAKE_BF16:  # float32 layers (bfloat16 values): pairs too
       made = _with_pair_layers({}, params, float32_layers=True)
     else:
       made = make(rest)
@@ -137,13 +140,6 @@ def _pair_layers(params, float32_layers: bool = False) -> dict:
   if float32_layers and embedding is not None and not any('logits_dense' in p for p in flat):
     out[('token_embedder', 'embedding')] = embedding.T
   return out
-
-
-def _all_bfloat16(params) -> bool:
-  """Every floating parameter is bfloat16 (params cast to bfloat16): the float32 layers'
-  weights are then bfloat16 values, and pair panels hold them exactly."""
-  return all(x.dtype == jnp.bfloat16 for x in jax.tree_util.tree_leaves(params)
-             if jnp.issubdtype(x.dtype, jnp.floating))
 
 
 def _without_pair_layers(params) -> dict:

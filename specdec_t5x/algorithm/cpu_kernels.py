@@ -81,8 +81,10 @@ def _cache_dir() -> str:
   return os.path.join(base, 'specdec_t5x')
 
 
+@functools.lru_cache(maxsize=None)
 def cpu_flags() -> frozenset:
-  """The CPU's feature flags (/proc/cpuinfo's first `flags` line; empty where there is none)."""
+  """The CPU's feature flags (/proc/cpuinfo's first `flags` line; empty where there is none),
+  read once per process."""
   try:
     with open('/proc/cpuinfo', encoding='utf-8') as f:
       return frozenset(next((line.split(':', 1)[1].split() for line in f

@@ -341,9 +341,9 @@ class Decoder(nn.Module):
 
 
 def decode_kernels(params, bf16: bool = False) -> dict:
-  """The `cpu_kernels.COLLECTION` variables for decoding on CPU: every float32 Dense kernel
-  (encoder and decoder), and the token embedding transposed (for tied logits only), packed
-  into panels; with `bf16` as bfloat16 panels (only for params where
+  """The `cpu_kernels.COLLECTION` variables for decoding on CPU: every float32 or bfloat16
+  Dense kernel (encoder and decoder), and the token embedding transposed (for tied logits
+  only), packed into panels; with `bf16` as bfloat16 panels (only for params where
   `kernels_hold_in_bf16`: the products are then bitwise the same, for half the bytes).
 
   Pass them beside the params (`{'params': p, COLLECTION: decode_kernels(p)}`) to `encode`,
@@ -351,25 +351,25 @@ def decode_kernels(params, bf16: bool = False) -> dict:
   The teacher-forced `__call__` (training, scoring, T5X) never gets them: T5X's computation.
   """
   return traverse_util.unflatten_dict({path: cpu_kernels.pack(w, bf16)
-                                       for path, w in _packed_weights(params).items()})
+                                       for path, w in packed_weights(params).items()})
 
 
 def kernels_hold_in_bf16(params) -> jax.Array:
   """Scalar bool: bfloat16 holds every weight decode_kernels packs exactly (a model restored
   from a bfloat16 checkpoint), so `decode_kernels(params, bf16=True)` loses nothing."""
-  held = [cpu_kernels.holds_in_bf16(w) for w in _packed_weights(params).values()]
-  return jnp.all(jnp.stack(held)) if held else jnp.bool_(False)
+  weights = packed_weights(params).values()
+  held = [cpu_kernels.holds_in_bf16(w) for w in weights if w.dtype == jnp.float32]
+  return jnp.all(jnp.stack(held)) if held else jnp.bool_(bool(weights))  # bfloat16: by dtype
 
 
-def _packed_weights(params) -> dict:
-  """{flat path: [K, N] float32 weight} of what decode_kernels packs (the tied embedding
-  transposed, under its own path)."""
-  flat = traverse_util.flatten_dict(params)
+def packed_weights(params) -> dict:
+  """{flat path: [K, N] float32 or bfloat16 weight} decode_kernels packs (tied: embedding.T)."""
+  flat, packs = traverse_util.flatten_dict(params), (jnp.float32, jnp.bfloat16)
   weights = {path: w for path, w in flat.items()
-             if path[-1] == 'kernel' and w.ndim == 2 and w.dtype == jnp.float32}
+             if path[-1] == 'kernel' and w.ndim == 2 and w.dtype in packs}
   embedding = flat.get(('token_embedder', 'embedding'))
   tied = not any('logits_dense' in path for path in flat)  # else packed above
-  if tied and embedding is not None and embedding.dtype == jnp.float32:
+  if tied and embedding is not None and embedding.dtype in packs:
     weights[('token_embedder', 'embedding')] = embedding.T
   return weights
 
