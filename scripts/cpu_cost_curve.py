@@ -135,6 +135,9 @@ def main(argv=None):
             + ' '.join(f'{k}:{v / c["seconds"][1]:.2f}' for k, v in c['seconds'].items()),
             flush=True)
       run_dir.write_atomic(partial, json.dumps(dict(ks=args.ks, cells=cells), default=float))
+  order = [(s, *f) for s in args.sizes.split(',') for f in forms]  # resumed cells in place
+  cells.sort(key=lambda c: order.index((c['size'], c['dtype'], c['mode']))
+             if (c['size'], c['dtype'], c['mode']) in order else len(order))
   small = {(c['dtype'], c['mode']): c for c in cells if c['size'] == 'small'}
   for c in cells:
     draft = small.get((c['dtype'], c['mode'])) if c['size'] not in ('demo', 'small') else None
