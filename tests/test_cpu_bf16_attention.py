@@ -9,7 +9,7 @@ import pytest
 
 from conftest import make_model, random_inputs, tiny_config
 from test_cpu_bf16 import _bf16 as _round  # float32 values -> bfloat16 values, as float64
-from specdec_t5x.algorithm import api, cpu_bf16, cpu_kernels, rows
+from specdec_t5x.algorithm import api, cpu_bf16, cpu_kernels, feature_draft, rows
 from specdec_t5x.algorithm.api import generate
 
 needs_kernels = pytest.mark.skipif(not cpu_kernels._status()[0],  # pylint: disable=protected-access
@@ -151,3 +151,28 @@ def test_bf16_decodes_run_the_bf16_attention_and_cast_params_pair_their_logits()
     spec = generate(target, enc, draft=draft, gamma=gamma, max_decode_length=10,
                     cpu_kernels='packed_bf16')
     np.testing.assert_array_equal(spec.tokens, plain.tokens)
+
+
+def test_a_bfloat16_feature_head_gets_pair_panels_and_keeps_greedy_exact():
+  """In mode 'packed_bf16' a bfloat16 feature head's bfloat16 layers run on pair panels, as
+  the target's do (not XLA's bfloat16 dot), and greedy speculative decoding with it gives
+  the target's tokens."""
+  if not cpu_bf16._cpu_has_dpbf16():  # pylint: disable=protected-access
+    pytest.skip('pair panels need AVX-512 BF16')
+  target = make_model(tiny_config(v11=False, dtype=jnp.bfloat16), seed=2, logit_scale=3.0)
+  config = feature_draft.FeatureDraftConfig(vocab_size=40, target_emb_dim=32, emb_dim=16,
+                                            num_heads=2, head_dim=8, mlp_dim=32,
+                                            dtype='bfloat16')
+  head = (feature_draft.FeatureDraft(config),
+          feature_draft.init_params(config, jax.random.PRNGKey(3), target[1]))
+  packed = api.decode_variables(*head, 'packed_bf16')[cpu_kernels.COLLECTION]
+  assert cpu_bf16.is_pairs(packed['feature_in']['kernel'])
+  assert not cpu_bf16.is_pairs(api.decode_variables(*head, 'packed')[cpu_kernels.COLLECTION]
+                               ['feature_in']['kernel'])
+  enc = random_inputs(2, 8, 40, seed=9)
+  plain = generate(target, enc, max_decode_length=10, cpu_kernels='packed_bf16')
+  for gamma in (1, 3):
+    spec = generate(target, enc, draft=head, gamma=gamma, max_decode_length=10,
+                    cpu_kernels='packed_bf16')
+    np.testing.assert_array_equal(spec.tokens, plain.tokens)
+    assert int(np.sum(spec.stats['drafted_tokens'])) > 0  # the head drafted

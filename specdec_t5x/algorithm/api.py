@@ -68,7 +68,8 @@ def decode_variables(module, params, mode: Optional[str] = None) -> dict:
   (network.transposed_embedding) for XLA's dot. The panels are bfloat16 where bfloat16
   holds every weight exactly (network.kernels_hold_in_bf16: a model restored from a
   bfloat16 checkpoint) in modes 'packed' and 'packed_bf16', else float32. In mode
-  'packed_bf16' a bfloat16 network's bfloat16 layers get pair panels (cpu_bf16.serves).
+  'packed_bf16' a bfloat16 network's (or feature head's) bfloat16 layers get pair panels
+  (cpu_bf16.serves).
 
   Only concrete values are cached. Called inside an outer trace (generate under jit/pjit,
   as T5X's infer calls the model), the collection is staged into that trace even for
@@ -90,8 +91,8 @@ def decode_variables(module, params, mode: Optional[str] = None) -> dict:
       _log_sharded(spread)
     return variables
   bf16 = kind == cpu_kernels.COLLECTION and cpu_kernels.bf16_panels(mode)
-  pairs = (kind == cpu_kernels.COLLECTION and isinstance(module, network.Transformer)
-           and cpu_bf16.serves(mode, module.config.dtype))  # its bfloat16 layers: vdpbf16ps
+  pairs = (kind == cpu_kernels.COLLECTION  # a network's or head's bfloat16 layers: vdpbf16ps
+           and cpu_bf16.serves(mode, module.config.dtype))
   key = (kind, bf16, pairs) + tuple(id(x) for x in leaves)  # depends on the params
   hit = _PACKED.get(key)
   if hit is None or any(ref() is not x for ref, x in zip(hit[0], leaves)):
