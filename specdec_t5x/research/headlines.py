@@ -219,6 +219,7 @@ def _cost_curve(d):
 
 HEADLINES: Dict[str, Callable[[Dict[str, Any]], str]] = {
     'demo_speedup_runs': _demo_runs, 'demo_draft_m_runs': _demo_runs,
+    'demo_bf16_runs': _demo_runs,
     'feature_draft': _feature_draft, 'agreement_by_confidence': _confidence,
     'speedup_ceiling': _ceiling,
     'alpha_demo': _alpha, 'demo_models': _models,

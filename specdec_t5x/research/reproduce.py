@@ -107,6 +107,8 @@ STEPS = (
     Step('demo_speedup_runs', 'demo_runs.py', ('--runs', '3'), quick=('--runs', '1')),
     Step('demo_draft_m_runs', 'demo_runs.py', (
         '--runs', '3', '--gin_file', 'configs/demo_draft_m.gin')),
+    Step('demo_bf16_runs', 'demo_runs.py', (
+        '--runs', '3', '--gin_file', 'configs/demo_bf16.gin')),
 )
 
 

@@ -65,6 +65,7 @@ CHECKS: Dict[str, Check] = {
     'feature_draft': Check(exact=('acceptance/*',)),
     'demo_speedup_runs': _DEMO_RUNS,
     'demo_draft_m_runs': _DEMO_RUNS,
+    'demo_bf16_runs': _DEMO_RUNS,
 }
 
 
