@@ -2,6 +2,8 @@
 
   python scripts/bench_decode.py                       # CPU default: target base, draft small
   python scripts/bench_decode.py --target=small --draft=small --gammas=2 --max_len=16
+  python scripts/bench_decode.py --dtype=bfloat16 --cpu_kernels=packed_bf16 \\
+      --out=results/decode_costs_bf16              # T5X's bfloat16, on our bfloat16 kernels
 
 Measures, in one process after compilation, each as the median of interleaved repeats:
   * per-call cost of a target step, a draft step and a (gamma+1)-token verification, and
@@ -28,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import api, timing
+from specdec_t5x.algorithm import api, cpu_kernels, timing
 from specdec_t5x.algorithm.network import Transformer, t5_1_1_config
 from specdec_t5x.research import harness, reference, speed, t5x_reference
 
@@ -57,7 +59,17 @@ def main(argv=None):
   ap.add_argument('--ar_repeats', type=int, default=15,
                   help='interleaved AR / T5X / T5X-style runs for their speed ratios')
   ap.add_argument('--dtype', default='float32', help='weights and activations')
+  ap.add_argument('--cpu_kernels', default=None,
+                  help="our decodes' kernel mode on CPU (DecodeConfig.cpu_kernels; default: "
+                       "the default mode), e.g. packed_bf16 with --dtype=bfloat16")
   args = ap.parse_args(argv)
+  if args.cpu_kernels is None:
+    return _main(args, argv)
+  with cpu_kernels.default_mode_as(args.cpu_kernels):
+    return _main(args, argv)
+
+
+def _main(args, argv):
   gammas = harness.ints(args.gammas)
 
   t_cfg, t_mod, t_params = build(args.target, 0, args.vocab, args.dtype)
@@ -139,7 +151,7 @@ def main(argv=None):
       f"Decode costs ({report.environment['device_kind']}, batch {args.batch}, "
       f'{args.max_len} tokens)',
       f'Target {args.target}, draft {args.draft} (random T5 v1.1 weights, vocab {args.vocab}, '
-      f'{args.dtype}).') +
+      f'{args.dtype}); our kernel mode {cpu_kernels.default_mode()}.') +
       harness.table(['quantity', 'value'], quantities) + ['', IDEAL, ''] +
       harness.table(['draft', 'gamma', 'alpha', 'tokens/call', 'speedup', 'ideal', 'efficiency',
                      'ideal e2e', 'efficiency e2e'],

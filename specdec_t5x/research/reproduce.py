@@ -62,6 +62,8 @@ STEPS = (
     Step('bf16_cost', 'bf16_agreement.py', ('--gammas', '3', '--time')),
     Step('cpu_kernels', 'bench_cpu_kernels.py', ()),
     Step('decode_costs', 'bench_decode.py', ()),
+    Step('decode_costs_bf16', 'bench_decode.py', (
+        '--dtype', 'bfloat16', '--cpu_kernels', 'packed_bf16')),
     Step('speedup_demo', 'speedup_table.py', ('--num_examples', '10', '--gammas', '1,2,3,4,5',
                                               '--repeats', '3', '--drafts',
                                               'demo_draft_m,demo_draft_s,bigram')),
