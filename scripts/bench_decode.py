@@ -151,7 +151,10 @@ def _main(args, argv):
       f"Decode costs ({report.environment['device_kind']}, batch {args.batch}, "
       f'{args.max_len} tokens)',
       f'Target {args.target}, draft {args.draft} (random T5 v1.1 weights, vocab {args.vocab}, '
-      f'{args.dtype}); our kernel mode {cpu_kernels.default_mode()}.') +
+      f'{args.dtype}); our kernel mode {cpu_kernels.default_mode()}.'
+      + (' In bfloat16 our kernels sum in another order than XLA\'s dot, so greedy tokens '
+         'of random weights (near-ties) may differ; results/bf16_agreement.md measures the '
+         'agreement on the demo target.' if args.dtype == 'bfloat16' else '')) +
       harness.table(['quantity', 'value'], quantities) + ['', IDEAL, ''] +
       harness.table(['draft', 'gamma', 'alpha', 'tokens/call', 'speedup', 'ideal', 'efficiency',
                      'ideal e2e', 'efficiency e2e'],
