@@ -98,9 +98,9 @@ def decode_variables(module, params, mode: Optional[str] = None) -> dict:
   if hit is None or any(ref() is not x for ref, x in zip(hit[0], leaves)):
     make, rest = _MAKE[kind], _without_pair_layers(params) if pairs else params
     if bf16:  # bitwise the same products, half the bytes per call
-      dtypes = {w.dtype for w in network.packed_weights(rest).values()}
-      # bfloat16 weights hold by their dtype, known inside a trace too; float32 ones by
-      # their values, a tracer inside a trace: float32 panels there
+      # bfloat16 weights hold by their dtype (from shapes alone, known inside a trace too);
+      # float32 ones by their values, a tracer inside a trace: float32 panels there
+      dtypes = {w.dtype for w in jax.eval_shape(network.packed_weights, rest).values()}
       holds = dtypes == {jnp.dtype(jnp.bfloat16)} or _HOLDS_IN_BF16(rest)
       if not _is_traced(holds) and bool(holds):
         make = _MAKE_BF16
