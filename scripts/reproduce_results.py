@@ -9,7 +9,9 @@ r"""Regenerates every file of results/ on today's code, one script at a time.
 
 Each step (research/reproduce.py STEPS: the flags the committed files were made with) runs
 in a fresh process; a timed step is refused while the machine is busy (CPU use,
-another Python process) unless --allow_busy, which marks the run. Logs each step's
+another Python process) unless --allow_busy, which marks the run; every step is refused
+while the checkout has uncommitted changes outside results/ unless --allow_dirty (the
+files would name a revision no one can check out). Logs each step's
 seconds to {root}/reproduce_log.json, then renders {root}/INDEX.md (file, command,
 revision, date, machine, headline) and, with --readme, README.md's speedup box and Results
 table from the JSON files. --check (research/reproduce_check.py) reruns the steps into a scratch
@@ -30,6 +32,8 @@ def main(argv=None):
   ap.add_argument('--quick', action='store_true', help='the steps with a quick form, quickly')
   ap.add_argument('--root', default=reproduce.RESULTS, help='where the results go')
   ap.add_argument('--allow_busy', action='store_true')
+  ap.add_argument('--allow_dirty', action='store_true',
+                  help='run on uncommitted changes (the files then say -dirty)')
   ap.add_argument('--list', action='store_true', help='print the steps and exit')
   ap.add_argument('--index', action='store_true', help='only re-render INDEX.md')
   ap.add_argument('--readme', action='store_true',
@@ -59,7 +63,7 @@ def main(argv=None):
   if not args.index:
     os.makedirs(args.root, exist_ok=True)
     records = reproduce.run(steps, quick=args.quick, allow_busy=args.allow_busy,
-                            root=args.root)
+                            root=args.root, allow_dirty=args.allow_dirty)
     total = sum(r['seconds'] for r in records)
     run_dir.write_atomic(os.path.join(args.root, f'{reproduce.LOG}.json'), json.dumps(
         {'steps': records, 'total_seconds': round(total, 1)}, indent=1) + '\n')

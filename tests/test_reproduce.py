@@ -79,7 +79,7 @@ def test_a_running_python_process_makes_the_machine_busy(monkeypatch):
     assert child.poll() is None, f'the sleeping child ended early (exit {child.returncode})'
     assert why is not None and 'Python' in why and f'pid {child.pid}:' in why
     with pytest.raises(RuntimeError, match=f'Not timing x: .*pid {child.pid}:'):
-      reproduce.run([reproduce.Step('x', 'nope.py')], root='/nonexistent')
+      reproduce.run([reproduce.Step('x', 'nope.py')], root='/nonexistent', allow_dirty=True)
   finally:
     child.kill()
     child.wait()
@@ -115,3 +115,22 @@ def test_the_index_shows_a_dirty_revision_as_dirty(tmp_path):
         json.dumps({'command': f'python scripts/{name}.py', 'environment': {'git_revision': rev}}))
   rows = [line for line in reproduce.index(str(tmp_path)) if line.startswith('| `')]
   assert '| 0123456789-dirty |' in rows[0] and '| fedcba9876 |' in rows[1]
+
+
+def test_a_step_is_refused_on_uncommitted_code(tmp_path, monkeypatch):
+  """A result measured on uncommitted changes names a revision no one can check out: the
+  run refuses before starting the step's process, unless allow_dirty (or a quick smoke
+  run); a clean checkout runs it."""
+  started = []
+  monkeypatch.setattr(reproduce.subprocess, 'run', lambda command, check: (
+      started.append(command), types.SimpleNamespace(returncode=0))[1])
+  step = reproduce.Step('demo_models', 'eval_demo_models.py', timed=False, quick=('--x',))
+  monkeypatch.setattr(reproduce.run_dir, 'git_revision', lambda: '0123456789abcdef-dirty')
+  with pytest.raises(RuntimeError, match='uncommitted changes.*0123456789-dirty'):
+    reproduce.run([step], root=str(tmp_path), log=lambda line: None)
+  assert not started
+  for kw in (dict(allow_dirty=True), dict(quick=True)):
+    reproduce.run([step], root=str(tmp_path), log=lambda line: None, **kw)
+  monkeypatch.setattr(reproduce.run_dir, 'git_revision', lambda: '0123456789abcdef')
+  reproduce.run([step], root=str(tmp_path), log=lambda line: None)
+  assert len(started) == 3 and started[1][-3] == '--x'

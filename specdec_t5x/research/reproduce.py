@@ -3,7 +3,8 @@
 `STEPS` lists the result scripts in the order they run, each with the flags its committed
 file was made with (a test checks them against the `command` each JSON records), and a
 `quick` form for a smoke run. `run` executes steps one at a time, each in a fresh process,
-refusing to time on a busy machine (`busy`), and logs each step's seconds. `index`
+refusing to time on a busy machine (`busy`) or to measure uncommitted code (`dirty`: a
+revision with '-dirty' names no code anyone can check out), and logs each step's seconds. `index`
 renders results/INDEX.md (file, command, git revision, date, machine, headline) from the
 JSON files; `HEADLINES` also renders the README's Results table (`results_table`), so
 the README quotes what the files hold (tests/test_reproduce.py checks it).
@@ -20,6 +21,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from specdec_t5x.integration import run_dir
 from specdec_t5x.research.headlines import HEADLINES
 
 RESULTS = 'results'
@@ -153,15 +155,31 @@ def busy(max_cpu: float = 0.2) -> Optional[str]:
   return None
 
 
+def dirty() -> Optional[str]:
+  """Why a result measured now would not name its code, or None: the checkout has
+  uncommitted changes outside results/ (run_dir.git_revision ends in '-dirty')."""
+  rev = run_dir.git_revision()
+  if rev and rev.endswith('-dirty'):
+    return (f'the checkout has uncommitted changes outside results/ (revision {rev[:10]}-dirty'
+            '): commit them first, so that the files name the code they measured')
+  return None
+
+
 def run(steps: Sequence[Step], quick: bool = False, allow_busy: bool = False,
-        root: str = RESULTS, log: Callable[[str], None] = print) -> List[Dict[str, Any]]:
+        root: str = RESULTS, log: Callable[[str], None] = print,
+        allow_dirty: bool = False) -> List[Dict[str, Any]]:
   """Runs `steps` one at a time in fresh processes, writing under `root`; returns one
   record per step (name, command, seconds, busy: why the machine was busy when a timed
-  step started, if it was)."""
+  step started, if it was). Each step is refused while `dirty()` (unless `allow_dirty`, or
+  `quick`: a smoke run's files are not results)."""
   records = []
   for step in steps:
     if quick and step.quick is None:
       continue
+    why_dirty = None if quick else dirty()
+    if why_dirty and not allow_dirty:
+      raise RuntimeError(f'Not running {step.name}: {why_dirty}. Or pass --allow_dirty '
+                         '(its files then say -dirty).')
     why = busy() if step.timed else None
     if why and not allow_busy:
       raise RuntimeError(f'Not timing {step.name}: {why}. Wait for an idle machine, or '

@@ -128,7 +128,9 @@ def run(steps: Sequence[reproduce.Step], quick: bool = False, allow_busy: bool =
       reference = reproduce.load(step.name, reference_root)
       if reference is None:  # before spending the rerun
         raise FileNotFoundError(f'No {step.name}.json under {reference_root} to check against.')
-      reproduce.run([step], quick=quick, allow_busy=allow_busy, root=scratch, log=log)
+      # Uncommitted code may be checked: nothing it writes is kept as a result.
+      reproduce.run([step], quick=quick, allow_busy=allow_busy, root=scratch, log=log,
+                    allow_dirty=True)
       out[step.name] = compare(CHECKS[step.name], reference, reproduce.load(step.name, scratch))
       got = out[step.name]
       log(f'[{step.name}] {got["exact"]} exact and {got["timing"]} timing fields, '
