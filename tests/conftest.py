@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import compile_report
 from specdec_t5x.algorithm import cpu_kernels
 from specdec_t5x.algorithm.network import T5Config, Transformer
 
@@ -103,8 +104,10 @@ def pytest_make_collect_report_require_t5x(collector):  # importorskip at a modu
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
   """A test's exact-law samples report the acceptance rule's branches they hit
-  (test_distribution.BRANCH_LOG) as a user property, which reaches the summary under xdist."""
+  (test_distribution.BRANCH_LOG), and each phase its compile seconds (compile_report), as
+  user properties, which reach the summary under xdist."""
   outcome = yield
+  outcome.get_result().user_properties.append((compile_report.KEY, compile_report.take()))
   log = getattr(sys.modules.get('test_distribution'), 'BRANCH_LOG', None)
   if log is None:
     return
@@ -121,6 +124,13 @@ def pytest_terminal_summary(terminalreporter):
   if lines:
     terminalreporter.write_sep('-', 'steps per branch of the acceptance rule, per sample')
     for line in sorted(lines):
+      terminalreporter.write_line(line)
+  reports = [r for key, rs in terminalreporter.stats.items() if key != 'warnings' for r in rs
+             if getattr(r, 'when', None) in ('setup', 'call', 'teardown')]
+  lines = compile_report.summary(reports)
+  if lines:
+    terminalreporter.write_sep('-', 'where the time went: XLA compiles per test file')
+    for line in lines:
       terminalreporter.write_line(line)
 
 
