@@ -1,8 +1,10 @@
 """The packed CPU matmul of the decode path (algorithm/cpu_kernels.{py,cc})."""
 
+import gc
 import os
 import subprocess
 import sys
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -175,6 +177,21 @@ def test_generate_uses_the_kernels_once_per_params_and_matches_xla():
     assert ('specdec_' in jaxpr) == kernel_calls, mode  # every kernel's FFI target
   np.testing.assert_array_equal(fast.tokens, ar_fast.tokens)  # greedy: exact either way
   np.testing.assert_array_equal(ar_fast.tokens, plain.tokens)
+
+
+def test_the_panels_of_params_freed_are_freed_with_them():
+  """The cache of packed panels (a second copy of every weight) holds an entry only while
+  its params live: a process that drops one model and loads the next keeps no copy of the
+  first (cpu_cost_curve ran out of memory at XL with large's panels still held)."""
+  module, params, _ = _tiny(False)
+  params = jax.tree_util.tree_map(lambda x: x + 0, params)  # leaves only this test holds
+  panels = weakref.ref(jax.tree_util.tree_leaves(
+      api.decode_variables(module, params)[cpu_kernels.COLLECTION])[0])
+  before = len(api._PACKED)
+  assert panels() is not None  # cached while the params live
+  del params
+  gc.collect()
+  assert len(api._PACKED) == before - 1 and panels() is None
 
 
 def test_params_restored_from_bfloat16_decode_with_bf16_panels_and_the_same_tokens():

@@ -62,7 +62,7 @@ _PACKED_KEEP = 4  # params trees whose decode collections (decode_variables) sta
 def decode_variables(module, params, mode: Optional[str] = None) -> dict:
   """The variables the decode path applies `module` with: {'params': params}, plus, for a
   network.Transformer on the CPU backend, one more collection made once per params tree and
-  cached while it lives: its packed decode kernels (network.decode_kernels) where the
+  cached while it lives (freed with it): its packed decode kernels (network.decode_kernels) where the
   packed matmul is usable in kernel `mode` (DecodeConfig.cpu_kernels; None: the default
   mode; cpu_kernels.enabled), else, for tied logits, the token embedding transposed
   (network.transposed_embedding) for XLA's dot. The panels are bfloat16 where bfloat16
@@ -111,8 +111,8 @@ def decode_variables(module, params, mode: Optional[str] = None) -> dict:
       made = _with_pair_layers(made, params) if pairs else made
     if any(_is_traced(x) for x in jax.tree_util.tree_leaves((made, params))):
       return dict(variables, **{kind: made})  # inside a trace
-    try:
-      refs = [weakref.ref(x) for x in leaves]
+    try:  # an entry goes when its params do: its panels are a second copy of the weights
+      refs = [weakref.ref(x, functools.partial(_forget, key)) for x in leaves]
     except TypeError:  # leaves without weak references: made every call
       return dict(variables, **{kind: made})
     hit = _PACKED[key] = (refs, made)
@@ -120,6 +120,11 @@ def decode_variables(module, params, mode: Optional[str] = None) -> dict:
       _PACKED.popitem(last=False)
   _PACKED.move_to_end(key)
   return dict(variables, **{kind: hit[1]})
+
+
+def _forget(key, _dead_ref) -> None:
+  """Drops the cached collection of a params tree one of whose weights was freed."""
+  _PACKED.pop(key, None)
 
 
 _MAKE = {cpu_kernels.COLLECTION: jax.jit(network.decode_kernels),
