@@ -61,15 +61,15 @@ _PACKED_KEEP = 4  # params trees whose decode collections (decode_variables) sta
 
 def decode_variables(module, params, mode: Optional[str] = None) -> dict:
   """The variables the decode path applies `module` with: {'params': params}, plus, for a
-  network.Transformer on the CPU backend, one more collection made once per params tree and
-  cached while it lives (freed with it): its packed decode kernels (network.decode_kernels) where the
-  packed matmul is usable in kernel `mode` (DecodeConfig.cpu_kernels; None: the default
-  mode; cpu_kernels.enabled), else, for tied logits, the token embedding transposed
-  (network.transposed_embedding) for XLA's dot. The panels are bfloat16 where bfloat16
-  holds every weight exactly (network.kernels_hold_in_bf16: a model restored from a
-  bfloat16 checkpoint) in modes 'packed' and 'packed_bf16', else float32. In mode
-  'packed_bf16' a bfloat16 network's (or feature head's) bfloat16 layers get pair panels
-  (cpu_bf16.serves).
+  network.Transformer on the CPU backend, one more collection made once per params tree,
+  cached while it lives and freed with it: its packed decode kernels
+  (network.decode_kernels) where the packed matmul is usable in kernel `mode`
+  (DecodeConfig.cpu_kernels; None: the default mode; cpu_kernels.enabled), else, for
+  tied logits, the token embedding transposed (network.transposed_embedding) for XLA's
+  dot. The panels are bfloat16 where bfloat16 holds every weight exactly
+  (network.kernels_hold_in_bf16: a model restored from a bfloat16 checkpoint) in modes
+  'packed' and 'packed_bf16', else float32. In mode 'packed_bf16' a bfloat16 network's
+  (or feature head's) bfloat16 layers get pair panels (cpu_bf16.serves).
 
   Only concrete values are cached. Called inside an outer trace (generate under jit/pjit,
   as T5X's infer calls the model), the collection is staged into that trace even for
