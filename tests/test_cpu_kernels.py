@@ -182,7 +182,7 @@ def test_generate_uses_the_kernels_once_per_params_and_matches_xla():
 def test_the_panels_of_params_freed_are_freed_with_them():
   """The cache of packed panels (a second copy of every weight) holds an entry only while
   its params live: a process that drops one model and loads the next keeps no copy of the
-  first (cpu_cost_curve ran out of memory at XL with large's panels still held)."""
+  first."""
   module, params, _ = _tiny(False)
   params = jax.tree_util.tree_map(lambda x: x + 0, params)  # leaves only this test holds
   panels = weakref.ref(jax.tree_util.tree_leaves(
