@@ -1,7 +1,8 @@
 """Where the suite's time goes: each test phase's seconds in XLA compiles (JAX's monitoring
-events; a compile read back from the persistent cache is not one), reported per test file
-at the end of a run (conftest.py). Most of this suite's time is compiling many small
-distinct programs, not running them: this table says which files pay it."""
+events; a program read back from the persistent compilation cache counts too, with its
+short read time), reported per test file at the end of a run (conftest.py). Most of this
+suite's time is compiling many small distinct programs, not running them: this table says
+which files pay it."""
 
 import collections
 import os
@@ -51,8 +52,8 @@ def summary(reports: Iterable, top: int = 12) -> List[str]:
   if not wall:
     return []
   lines = [f'{compiled:.0f} s of {wall:.0f} s in tests ({compiled / wall:.0%}) went to '
-           f'{sum(r[2] for r in rows.values()):.0f} XLA compiles (worker seconds, '
-           f'{os.cpu_count()} CPUs); the files that compile longest:',
+           f'{sum(r[2] for r in rows.values()):.0f} XLA compiles (cache reads '
+           f'included; worker seconds, {os.cpu_count()} CPUs); the files that compile longest:',
            f'{"file":44s} {"test s":>8s} {"compile s":>10s} {"compiles":>9s}']
   for name, (seconds, compile_s, programs) in sorted(rows.items(), key=lambda kv: -kv[1][1])[:top]:
     lines.append(f'{name:44s} {seconds:8.1f} {compile_s:10.1f} {programs:9.0f}')

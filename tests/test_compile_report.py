@@ -1,5 +1,6 @@
-"""The suite's compile accounting (compile_report): a compile is counted once, read from
-JAX's own monitoring events, and the summary adds up each file's phases."""
+"""The suite's compile accounting (compile_report): a new program is counted once, read
+from JAX's own monitoring events (not again when jit's in-memory cache serves it), and the
+summary adds up each file's phases."""
 import types
 
 import jax
@@ -12,7 +13,7 @@ import compile_report
 def test_a_new_program_is_counted_and_a_cached_one_is_not():
   compile_report.take()
   f = jax.jit(lambda x: jnp.sin(x) * 3.0 + 1.0)
-  x = np.arange(7, dtype=np.float32)  # a shape no other test compiles this function for
+  x = np.arange(7, dtype=np.float32)
   f(x).block_until_ready()
   seconds, programs = compile_report.take()
   assert programs >= 1 and seconds > 0

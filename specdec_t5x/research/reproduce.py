@@ -160,8 +160,9 @@ def dirty() -> Optional[str]:
   uncommitted changes outside results/ (run_dir.git_revision ends in '-dirty')."""
   rev = run_dir.git_revision()
   if rev and rev.endswith('-dirty'):
-    return (f'the checkout has uncommitted changes outside results/ (revision {rev[:10]}-dirty'
-            '): commit them first, so that the files name the code they measured')
+    return (f'the checkout has uncommitted changes outside results/ (revision '
+            f'{short_revision(rev)}): commit them first, so that the files name the code '
+            'they measured')
   return None
 
 
@@ -206,10 +207,14 @@ def load(name: str, root: str = RESULTS) -> Optional[Dict[str, Any]]:
     return json.load(f)
 
 
-def _revision(d: Dict[str, Any]) -> str:
-  """The short revision a file was measured at, '-dirty' kept (uncommitted changes)."""
-  rev = str(d.get('environment', {}).get('git_revision', 'unknown'))
+def short_revision(rev: str) -> str:
+  """A git revision's first 10 characters, '-dirty' kept (uncommitted changes)."""
   return rev[:10] + ('-dirty' if rev.endswith('-dirty') else '')
+
+
+def _revision(d: Dict[str, Any]) -> str:
+  """The short revision a file was measured at."""
+  return short_revision(str(d.get('environment', {}).get('git_revision', 'unknown')))
 
 
 def _date(d: Dict[str, Any], name: str, root: str) -> str:
