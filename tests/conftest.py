@@ -1,7 +1,8 @@
 """Shared tiny models for the tests (hermetic: random weights made here), and the `slow`
 marker: `pytest -m "not slow"` leaves out the end-to-end runs (runners, training, T5X's
 infer, fine-tuning, Hugging Face, the demo checkpoints, checks of speed rather than
-exactness) and keeps the exactness and unit tests; README command 2 and .ci/run run everything.
+exactness) and the results tables' tooling (scripts, experiments, reproduce), and keeps the
+exactness and unit tests; README command 2 and .ci/run run everything.
 
 SPECDEC_REQUIRE_T5X=1 (set by .ci/run where it installs T5X): a test or test module that
 would be skipped for a missing T5X-stack module (its skip reason names one of T5X_STACK)

@@ -9,6 +9,8 @@ import pytest
 
 from specdec_t5x.algorithm import theory
 
+pytestmark = pytest.mark.slow  # a results table's tooling, not the decode path
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location('cpu_cost_curve',
                                                REPO / 'scripts' / 'cpu_cost_curve.py')
@@ -47,7 +49,6 @@ def test_a_costly_verify_call_needs_more_acceptance():
   assert dear['free draft']['at_paper_alpha']['speedup'] < cheap['free draft']['at_paper_alpha']['speedup']
 
 
-@pytest.mark.slow
 def test_a_small_run_writes_its_files_and_resumes(tmp_path, monkeypatch):
   out = str(tmp_path / 'curve')
   argv = ['--sizes', 'demo', '--forms', 'float32:packed,float32:xla', '--ks', '1,2',

@@ -11,8 +11,9 @@ from conftest import load_script
 from specdec_t5x.algorithm import theory
 from specdec_t5x.research import t5x_reference
 
+pytestmark = pytest.mark.slow  # a results table's tooling, not the decode path
 
-@pytest.mark.slow  # every part of the device report, end to end
+
 def test_device_report_tiny_runs_every_part(tmp_path):
   script = load_script('device_report')
   out = str(tmp_path / 'device')

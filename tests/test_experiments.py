@@ -11,6 +11,8 @@ from specdec_t5x.algorithm import api
 from specdec_t5x.algorithm.config import DecodeConfig, GammaPolicy
 from specdec_t5x.research import experiments, harness, speed
 
+pytestmark = pytest.mark.slow  # a results table's tooling, not the decode path
+
 
 @pytest.mark.parametrize('spec, settings, draft', [
     ('g3', dict(gamma=3), 'demo_draft_m'),
@@ -98,7 +100,6 @@ def test_a_batched_row_counts_every_row_of_the_batch(target_and_draft):
   assert lossy['speedup_vs_best_chain'] is None  # no plain chain in this comparison
 
 
-@pytest.mark.slow  # the demo checkpoints, compiled: the script end to end, small
 def test_the_script_writes_a_named_experiment(tmp_path, capsys):
   script = load_script('compare_decodes')
   out = tmp_path / 'tree'

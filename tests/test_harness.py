@@ -14,6 +14,8 @@ from conftest import make_model, random_inputs, tiny_config
 from specdec_t5x.integration import infer_output
 from specdec_t5x.research import demo_data, harness
 
+pytestmark = pytest.mark.slow  # a results table's tooling, not the decode path
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 

@@ -10,6 +10,8 @@ from specdec_t5x.algorithm import api
 from specdec_t5x.integration.hf_convert import hf_model_from_params
 from specdec_t5x.research import peers
 
+pytestmark = pytest.mark.slow  # a results table's tooling, not the decode path
+
 pytest.importorskip('ctranslate2')
 pytest.importorskip('transformers')
 

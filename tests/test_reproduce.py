@@ -15,6 +15,8 @@ import pytest
 
 from specdec_t5x.research import reproduce
 
+pytestmark = pytest.mark.slow  # a results table's tooling, not the decode path
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = str(REPO / 'results')
 

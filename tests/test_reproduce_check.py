@@ -17,6 +17,8 @@ import pytest
 from conftest import load_script
 from specdec_t5x.research import reproduce, reproduce_check
 
+pytestmark = pytest.mark.slow  # a results table's tooling, not the decode path
+
 RESULTS = pathlib.Path(__file__).resolve().parents[1] / 'results'
 
 
@@ -49,7 +51,6 @@ def test_compare_catches_changed_missing_and_drifted_fields():
   assert stale['mismatches'] == [('nothing/*', None, None, 'matches no field')]
 
 
-@pytest.mark.slow  # two quick runs of the alpha script
 def test_a_rerun_reproduces_the_deterministic_fields_exactly(tmp_path):
   step = next(s for s in reproduce.STEPS if s.name == 'alpha_demo')
   assert not step.timed and step.quick
