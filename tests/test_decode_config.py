@@ -13,7 +13,7 @@ import pytest
 
 from conftest import random_inputs, run_child
 from specdec_t5x import generate
-from specdec_t5x.algorithm import api, cpu_kernels, decoding, stats
+from specdec_t5x.algorithm import api, cpu_kernels, decoding, programs, stats
 from specdec_t5x.algorithm.config import DecodeConfig, GammaPolicy
 from specdec_t5x.integration import infer, models
 
@@ -212,7 +212,7 @@ def test_the_kernel_mode_keys_the_compiled_program(target_and_draft, monkeypatch
 
 def test_compiled_programs_are_kept_least_recently_used(target_and_draft, monkeypatch):
   """api keeps a bounded number of compiled programs (one per models, length and config)."""
-  monkeypatch.setattr(api, 'PROGRAMS_KEEP', 2)
+  monkeypatch.setattr(programs, 'PROGRAMS_KEEP', 2)
   monkeypatch.setattr(api, '_COMPILED', collections.OrderedDict())
   target, _ = target_and_draft
   enc = random_inputs(1, 5, 40, seed=1)

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from specdec_t5x.algorithm import (checks, cpu_bf16, cpu_kernels, decoding, feature_draft,
                                    layers, network, tree_decoding)
 from specdec_t5x.algorithm.config import DecodeConfig
+from specdec_t5x.algorithm.programs import BoundProgram, memoized_program
 from specdec_t5x.algorithm.stats import DecodeStats
 
 ModelAndParams = Tuple[Any, Any]  # (flax module with encode/init_cache/extend, params)
@@ -220,15 +221,20 @@ def check_feature_draft(target_module, draft_module) -> None:
 def decode_program(target_module, draft_module, *, max_len: int, config: DecodeConfig,
                    wrap: Optional[Callable[[str, decoding.ExtendFn], decoding.ExtendFn]] = None):
   """The whole generation, not yet jitted: fn(target_vars, draft_vars, encoder_tokens, rng,
-  eos_id, prompt=None) -> (tokens, stats). `wrap(name, fn)`, if given, replaces the
-  'target' and 'draft' ExtendFns the loops call (e.g. research/loop_profile.py's scopes)."""
+  eos_id, prompt=None, sampling=None) -> (tokens, stats). `sampling`: the run-time values
+  of the sampling settings (SamplingConfig.values(), float32 [3]) for the switches that
+  config.sampling fixes (greedy, top-k, top-p on or off); None: config's own values, as
+  constants of the program. `wrap(name, fn)`, if given, replaces the 'target' and 'draft'
+  ExtendFns the loops call (e.g. research/loop_profile.py's scopes)."""
   wrap = wrap or (lambda name, fn: fn)
 
-  def run(target_vars, draft_vars, encoder_tokens, rng, eos_id, prompt=None):
+  def run(target_vars, draft_vars, encoder_tokens, rng, eos_id, prompt=None, sampling=None):
+    values = config.sampling.values() if sampling is None else sampling
     with cpu_kernels.decode_mode(config.cpu_kernels):  # traced in the config's kernel mode
-      return _run(target_vars, draft_vars, encoder_tokens, rng, eos_id, prompt)
+      return _run(target_vars, draft_vars, encoder_tokens, rng, eos_id, prompt,
+                  config.sampling.bind(values))
 
-  def _run(target_vars, draft_vars, encoder_tokens, rng, eos_id, prompt):
+  def _run(target_vars, draft_vars, encoder_tokens, rng, eos_id, prompt, settings):
     batch = encoder_tokens.shape[0]
     # Every write fits (rows.update_all drops a call's writes for all rows when one row's
     # window does not, and the stats say so; drafting.feature_drafter keeps a finished
@@ -242,7 +248,7 @@ def decode_program(target_module, draft_module, *, max_len: int, config: DecodeC
       target_fn = wrap('target', _extend_fn(target_module, target_vars))
       return decoding.autoregressive_decode(target_fn, target_cache, rng, batch=batch,
                                             max_len=max_len, config=config, eos_id=eos_id,
-                                            prompt=prompt)
+                                            prompt=prompt, settings=settings)
     features = reads_features(draft_module)
     extra = (True, draft_module.config.feature_layers) if features else ()
     target_fn = wrap('target', _extend_fn(target_module, target_vars, *extra))
@@ -256,41 +262,34 @@ def decode_program(target_module, draft_module, *, max_len: int, config: DecodeC
       return tree_decoding.tree_speculative_decode(
           target_fn, wrap('draft', _extend_fn(draft_module, draft_vars)), target_cache,
           draft_cache, rng, encoder_tokens, batch=batch, max_len=max_len, config=config,
-          eos_id=eos_id, prompt=prompt)
+          eos_id=eos_id, prompt=prompt, settings=settings)
     return decoding.speculative_decode(
         target_fn, wrap('draft', _extend_fn(draft_module, draft_vars)), target_cache,
         draft_cache, rng, batch=batch, max_len=max_len, config=config, eos_id=eos_id,
         prompt=prompt, feature_dim=draft_module.config.feature_dim if features else None,
-        draft_vocab=feature_draft.vocabulary(draft_module.config) if features else None)
+        draft_vocab=feature_draft.vocabulary(draft_module.config) if features else None,
+        settings=settings)
 
   return run
 
 
 _COMPILED: 'collections.OrderedDict[Any, Any]' = collections.OrderedDict()
-PROGRAMS_KEEP = 32  # jitted programs each memo keeps (least recently used dropped)
 
 
-def memoized_program(memo: 'collections.OrderedDict[Any, Any]', key: Any,
-                     build: Callable[[], Any]) -> Any:
-  """memo[key], built by build() when missing; the least recently used entries beyond
-  PROGRAMS_KEEP are dropped, so that their compiled executables can be freed (a process that
-  compiles hundreds of programs otherwise exhausts the JIT's memory mappings)."""
-  if key not in memo:
-    memo[key] = build()
-    while len(memo) > PROGRAMS_KEEP:
-      memo.popitem(last=False)
-  memo.move_to_end(key)
-  return memo[key]
-
-
-def _compiled(target_module, draft_module, *, max_len: int, config: DecodeConfig):
+def _compiled(target_module, draft_module, *, max_len: int, config: DecodeConfig
+              ) -> BoundProgram:
+  """The jitted decode program for these models and settings. The temperature and top-p
+  mass are its run-time arguments: the program is keyed on what shapes it (program_key),
+  so that every temperature and top-p shares one."""
+  values = config.sampling.values()
   if draft_module is None:  # only the sampling settings matter: one program for all others
     config = DecodeConfig.from_sampling(config.sampling, gamma=1,
                                         cpu_kernels=config.cpu_kernels)
+  config = config.program_key()
   key = (_module_key(target_module), draft_module and _module_key(draft_module),
          max_len, config)
-  return memoized_program(_COMPILED, key, lambda: jax.jit(decode_program(
-      target_module, draft_module, max_len=max_len, config=config)))
+  return BoundProgram(memoized_program(_COMPILED, key, lambda: jax.jit(decode_program(
+      target_module, draft_module, max_len=max_len, config=config))), values)
 
 
 _is_traced = checks.is_traced

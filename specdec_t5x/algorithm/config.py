@@ -235,6 +235,13 @@ class DecodeConfig:
     """How logits become distributions (temperature, top-k, top-p)."""
     return sampling_lib.SamplingConfig(self.temperature, self.topk, self.topp)
 
+  def program_key(self) -> 'DecodeConfig':
+    """This config with the sampling values that a compiled program takes at run time
+    replaced by stand-ins (SamplingConfig.program_key): equal for configs that share one
+    compiled decode program (api._compiled)."""
+    key = self.sampling.program_key()
+    return self.replace(temperature=key.temperature, topp=key.topp)
+
   @property
   def lossy(self) -> bool:
     return self.lenience < 1.0

@@ -449,12 +449,17 @@ inline __m256 ExpNonPositive(__m256 v) {
 // s < 0 and 0 elsewhere, a NaN s included (as the XLA form: a row holding a NaN, or only
 // -inf, gives the uniform distribution; one holding +inf, the uniform over its +infs),
 // probabilities exp(v) / sum exp(v). Two more vectorised passes after the argmax's.
-ffi::Error RowSoftmax(ffi::Buffer<ffi::F32> x, ffi::ResultBuffer<ffi::F32> probs,
-                      ffi::ResultBuffer<ffi::PRED> nonfinite, float inv_temperature) {
+ffi::Error RowSoftmax(ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> inverse,
+                      ffi::ResultBuffer<ffi::F32> probs, ffi::ResultBuffer<ffi::PRED> nonfinite) {
   const auto dims = x.dimensions();
   if (dims.size() == 0 || dims.back() == 0 || dims.back() > INT32_MAX) {
     return ffi::Error::InvalidArgument("row_softmax needs rows of 1 .. 2^31 - 1 entries");
   }
+  if (inverse.element_count() != 1) {
+    return ffi::Error::InvalidArgument("row_softmax needs one 1 / temperature");
+  }
+  // A run-time value of the program (sampling.SamplingConfig.values), checked on the host.
+  const float inv_temperature = inverse.typed_data()[0];
   if (!(inv_temperature > 0.0f)) {  // +inf allowed: a temperature below float's range
     return ffi::Error::InvalidArgument("row_softmax needs 1 / temperature > 0");
   }
@@ -895,9 +900,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecdecRowArgmax, RowArgmax,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecdecRowSoftmax, RowSoftmax,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::PRED>>()
-                                  .Attr<float>("inv_temperature"));
+                                  .Ret<ffi::Buffer<ffi::PRED>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecdecRowSample, RowSample,
                               ffi::Ffi::Bind()

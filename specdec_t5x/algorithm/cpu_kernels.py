@@ -353,18 +353,17 @@ def row_argmax(x: jax.Array) -> Tuple[jax.Array, jax.Array]:
   return jax.ffi.ffi_call(_TARGET_ARGMAX, out, vmap_method='sequential')(x.astype(jnp.float32))
 
 
-def row_softmax(x: jax.Array, temperature: float) -> Tuple[jax.Array, jax.Array]:
-  """x [..., V] float32, temperature > 0 -> (probabilities [..., V] float32, nonfinite
-  [...] bool): `row_argmax`'s pass (its flag, and the maximum at its index), then the
-  softmax of (x - max) / temperature (entries at the maximum exactly 0 before the exp), in
-  two more vectorised passes per row (cpu_kernels.cc RowSoftmax)."""
+def row_softmax(x: jax.Array, inv_temperature) -> Tuple[jax.Array, jax.Array]:
+  """x [..., V] float32, inv_temperature: 1 / temperature > 0, a float32 scalar (a run-time
+  value of the program: SamplingConfig.values) -> (probabilities [..., V] float32,
+  nonfinite [...] bool): `row_argmax`'s pass (its flag, and the maximum at its index), then
+  the softmax of (x - max) * inv_temperature (entries at the maximum exactly 0 before the
+  exp), in two more vectorised passes per row (cpu_kernels.cc RowSoftmax)."""
   _require_row_kernels()
   out = (jax.ShapeDtypeStruct(x.shape, jnp.float32),
          jax.ShapeDtypeStruct(x.shape[:-1], jnp.bool_))
-  with np.errstate(over='ignore'):  # a temperature below float32's range: 1 / T = inf
-    inv_temperature = np.float32(1.0 / temperature)
   return jax.ffi.ffi_call(_TARGET_SOFTMAX, out, vmap_method='sequential')(
-      x.astype(jnp.float32), inv_temperature=inv_temperature)
+      x.astype(jnp.float32), jnp.asarray(inv_temperature, jnp.float32).reshape(()))
 
 
 def row_sample(probs: jax.Array, u: jax.Array) -> jax.Array:

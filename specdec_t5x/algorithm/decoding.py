@@ -186,7 +186,7 @@ def _finish(state: DecodeState, max_len: int, prompt) -> Tuple[jax.Array, Decode
       skipped_cache_writes=state.stats.skipped_cache_writes | skipped)
 
 
-def _split_keys(rng, num: int, cfg: sampling.SamplingConfig):
+def _split_keys(rng, num: int, cfg: sampling.Settings):
   """rng [b, 2] -> (next rng [b, 2], keys [b, num, 2]); greedy decoding uses no randomness."""
   if cfg.greedy:
     return rng, None
@@ -220,12 +220,14 @@ def count_step(st: DecodeStats, active, *, drafted, accepted, draft_length, outc
 
 
 def autoregressive_decode(target_fn: ExtendFn, target_cache, rng, *, batch: int, max_len: int,
-                          config: DecodeConfig, eos_id: int,
-                          prompt=None) -> Tuple[jax.Array, DecodeStats]:
+                          config: DecodeConfig, eos_id: int, prompt=None,
+                          settings: Optional[sampling.Sampling] = None
+                          ) -> Tuple[jax.Array, DecodeStats]:
   """Baseline: one target call per token, sampled as `config.sampling` says (gamma and
-  the verifier settings are unused). `prompt` [b, P] (optional): each row's decoder
-  prompt, its leading non-zero tokens. Returns (tokens [b, max_len], stats)."""
-  cfg = config.sampling
+  the verifier settings are unused), or as `settings` (its values traced: api's compiled
+  programs). `prompt` [b, P] (optional): each row's decoder prompt, its leading non-zero
+  tokens. Returns (tokens [b, max_len], stats)."""
+  cfg = settings or config.sampling
   state = _init_state(batch, max_len, 1, rng, target_cache, None, 0)
   if prompt is not None:
     state = _with_prompt(state, prompt, max_len, target_fn, None)
@@ -256,7 +258,8 @@ def _running_alpha_gamma(hits, tests, gamma: int, cost_ratio: float):
 def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, draft_cache, rng,
                        *, batch: int, max_len: int, config: DecodeConfig,
                        eos_id: int, prompt=None, feature_dim: Optional[int] = None,
-                       draft_vocab: Optional[DraftVocabulary] = None
+                       draft_vocab: Optional[DraftVocabulary] = None,
+                       settings: Optional[sampling.Sampling] = None
                        ) -> Tuple[jax.Array, DecodeStats]:
   """Algorithm 1 inside one `lax.while_loop`. Returns (tokens [b, max_len], stats).
 
@@ -271,12 +274,13 @@ def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, dr
   return_features) and draft_fn is the head's extend (cache, tokens, positions, features
   [b, k, E], pick=None) -> (logits, cache, predicted features); see feature_drafter.
   Only what the draft proposes changes: the verify call and the rule are the same.
+  `settings`: the sampling settings bound to run-time values (as autoregressive_decode).
 
   `draft_vocab` (drafting.DraftVocabulary): draft_fn's logits cover these ids only (a
   reduced draft vocabulary); the draft samples over them, and its distributions are widened
   to the whole vocabulary once per step, before the verifier reads them.
   """
-  gamma, cfg, policy = config.gamma, config.sampling, config.gamma_policy
+  gamma, cfg, policy = config.gamma, settings or config.sampling, config.gamma_policy
   lenience, verifier = config.lenience, config.verifier
   state = _init_state(batch, max_len, gamma + 1, rng, target_cache, draft_cache, gamma)
   if feature_dim is not None:  # before BOS: zero features, "verified" at position -1

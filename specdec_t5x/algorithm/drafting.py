@@ -48,7 +48,7 @@ def full_distributions(q, vocab: Optional[DraftVocabulary]):
   return jnp.take(jnp.concatenate([q, zero], axis=-1), jnp.asarray(vocab.columns), axis=-1)
 
 
-def propose(logits, keys, i, cfg: sampling.SamplingConfig,
+def propose(logits, keys, i, cfg: sampling.Settings,
             vocab: Optional[DraftVocabulary] = None):
   """logits [b, V] (or [b, Vd] over `vocab`'s columns) -> (token id [b], distribution over
   the logits' columns [b, V or Vd] or None when greedy, nonfinite [b]: the logits hold a
@@ -126,7 +126,7 @@ def feature_drafter(draft_fn, s):
 
 
 def draft_block(first, step, s, keys, num_steps, limit, gamma: int,
-                 cfg: sampling.SamplingConfig, threshold: Optional[float] = None,
+                 cfg: sampling.Settings, threshold: Optional[float] = None,
                  vocab: Optional[DraftVocabulary] = None):
   """Drafts up to `num_steps` (<= gamma, traced) tokens per row.
 
@@ -176,7 +176,7 @@ def draft_block(first, step, s, keys, num_steps, limit, gamma: int,
 
 
 def draft_unrolled(first, step, s, keys, num_steps, gamma: int,
-                    cfg: sampling.SamplingConfig, vocab: Optional[DraftVocabulary] = None,
+                    cfg: sampling.Settings, vocab: Optional[DraftVocabulary] = None,
                     with_logits: bool = False):
   """`draft_block` for the fixed policy: gamma draft calls unrolled, no loop or branch.
 

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any, Union
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec_t5x.algorithm import cpu_kernels
 
@@ -41,8 +43,53 @@ class SamplingConfig:
   def greedy(self) -> bool:
     return self.temperature == 0.0
 
+  @property
+  def nucleus(self) -> bool:
+    """Whether top-p is on."""
+    return self.topp > 0.0
 
-def standardize(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
+  def values(self) -> np.ndarray:
+    """What a compiled decode program takes at run time (`bind`): float32 [temperature,
+    1 / temperature (computed in double, then rounded; inf below float's range, 0 when
+    greedy), topp]."""
+    with np.errstate(divide='ignore', over='ignore'):
+      inverse = 0.0 if self.greedy else np.float32(1.0 / self.temperature)
+    return np.array([self.temperature, inverse, self.topp], np.float32)
+
+  def program_key(self) -> 'SamplingConfig':
+    """The settings a compiled decode program is specialised on: greedy or not, top-k (a
+    shape) and whether top-p is on; temperature and top-p mass 1 stand for every value,
+    which the program takes at run time (`values`)."""
+    return SamplingConfig(0.0 if self.greedy else 1.0, self.topk, 1.0 if self.topp else 0.0)
+
+  def bind(self, values: Any) -> 'Sampling':
+    """This config's switches with `values` ([3], as `values()` makes them; traced inside a
+    compiled program) as its temperature, 1 / temperature and top-p mass."""
+    return Sampling(self.greedy, self.topk, self.nucleus, values[0], values[1], values[2])
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+  """A SamplingConfig inside a compiled decode program (SamplingConfig.bind): the switches
+  that shape the program are static (greedy, top-k, top-p on or off), the temperature, its
+  inverse and the top-p mass are values of the program's run-time arguments, so that one
+  compiled program serves every temperature and top-p."""
+  greedy: bool
+  topk: int
+  nucleus: bool
+  temperature: Any
+  inv_temperature: Any
+  topp: Any
+
+
+Settings = Union[SamplingConfig, Sampling]
+
+
+def _bound(cfg: Settings) -> Sampling:
+  return cfg.bind(cfg.values()) if isinstance(cfg, SamplingConfig) else cfg
+
+
+def standardize(logits: jax.Array, cfg: Settings) -> jax.Array:
   """logits [..., V] -> probabilities [..., V] (float32) after temperature/top-k/top-p.
 
   Sound for every finite temperature > 0: the maximum is subtracted BEFORE dividing, so
@@ -53,7 +100,7 @@ def standardize(logits: jax.Array, cfg: SamplingConfig) -> jax.Array:
   return standardize_checked(logits, cfg)[0]
 
 
-def standardize_checked(logits: jax.Array, cfg: SamplingConfig):
+def standardize_checked(logits: jax.Array, cfg: Settings):
   """logits [..., V] -> (`standardize`'s probabilities [..., V], nonfinite [...] bool: the
   row holds a NaN or an infinity), from one `argmax_checked` per row.
 
@@ -64,8 +111,9 @@ def standardize_checked(logits: jax.Array, cfg: SamplingConfig):
   sum agree with XLA's to float32 rounding, ~1e-7 relative).
   """
   logits = logits.astype(jnp.float32)
-  if not cfg.greedy and not cfg.topk and not cfg.topp and cpu_kernels.row_kernel():
-    return cpu_kernels.row_softmax(logits, cfg.temperature)
+  cfg = _bound(cfg)
+  if not cfg.greedy and not cfg.topk and not cfg.nucleus and cpu_kernels.row_kernel():
+    return cpu_kernels.row_softmax(logits, cfg.inv_temperature)
   index, bad = argmax_checked(logits)
   if cfg.greedy:
     return jax.nn.one_hot(index, logits.shape[-1], dtype=jnp.float32), bad
@@ -75,7 +123,7 @@ def standardize_checked(logits: jax.Array, cfg: SamplingConfig):
   if cfg.topk:
     kth = jax.lax.top_k(logits, cfg.topk)[0][..., -1:]  # [..., 1]
     logits = jnp.where(logits < kth, -jnp.inf, logits)
-  elif cfg.topp:
+  elif cfg.nucleus:
     # Keep the smallest prefix of the sorted tokens whose mass reaches topp (ties kept).
     sorted_logits = -jnp.sort(-logits, axis=-1)
     cum = jnp.cumsum(_softmax_of_max_zero(sorted_logits), axis=-1)

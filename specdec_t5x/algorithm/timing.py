@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import api, sampling
+from specdec_t5x.algorithm import api, programs, sampling
 
 
 def block(x):
@@ -50,10 +50,10 @@ def _repeated_extend(module, num_tokens: int, cache_len: int):
   `num_calls` is traced, so ONE compiled program serves every count, 0 included (compile
   time per shape dominates on an accelerator). The result depends on the cache even for
   0 calls, so the encoder is never dead code and cancels out of `call_costs`' difference.
-  Memoised per (module, num_tokens, cache_len) (api.memoized_program).
+  Memoised per (module, num_tokens, cache_len) (programs.memoized_program).
   """
   key = (api._module_key(module), num_tokens, cache_len)  # pylint: disable=protected-access
-  return api.memoized_program(_EXTEND_FNS, key, lambda: jax.jit(_extend_loop(
+  return programs.memoized_program(_EXTEND_FNS, key, lambda: jax.jit(_extend_loop(
       module, num_tokens, cache_len)))
 
 

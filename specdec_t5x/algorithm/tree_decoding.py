@@ -146,13 +146,14 @@ def with_siblings(layout, sibling_tokens, sibling_depth, num_drafted):
 
 def tree_speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, draft_cache,
                             rng, encoder_tokens, *, batch: int, max_len: int,
-                            config: DecodeConfig, eos_id: int,
-                            prompt=None) -> Tuple[jax.Array, DecodeStats]:
+                            config: DecodeConfig, eos_id: int, prompt=None,
+                            settings: Optional[sampling.Sampling] = None
+                            ) -> Tuple[jax.Array, DecodeStats]:
   """decoding.speculative_decode with a copy branch of config.copy_branch tokens and the
   draft's config.draft_siblings beside its chain of config.gamma (the module docstring).
   Returns (tokens [b, max_len], stats); the length histograms have max(gamma,
-  copy_branch) + 1 entries."""
-  gamma, c, cfg = config.gamma, config.copy_branch, config.sampling
+  copy_branch) + 1 entries. `settings`: as decoding.speculative_decode's."""
+  gamma, c, cfg = config.gamma, config.copy_branch, settings or config.sampling
   siblings = config.draft_siblings
   sibling_depth = [t + 1 for t, k in enumerate(siblings) for _ in range(k)]  # [S]
   depth_max = max(gamma, c)

@@ -30,7 +30,7 @@ from typing import Any, Dict, Optional
 import jax
 import jax.numpy as jnp
 
-from specdec_t5x.algorithm import api, sampling, timing
+from specdec_t5x.algorithm import api, programs, sampling, timing
 
 ModelAndParams = Any
 _PROGRAMS: 'collections.OrderedDict[tuple, Any]' = collections.OrderedDict()
@@ -44,7 +44,7 @@ def _program(target_module, draft_module, gamma: int, verify_tokens: int, chaine
   key = (api._module_key(target_module),  # pylint: disable=protected-access
          draft_module and api._module_key(draft_module),  # pylint: disable=protected-access
          gamma, verify_tokens, chained, cache_len)
-  return api.memoized_program(_PROGRAMS, key, lambda: jax.jit(_synthetic_loop(
+  return programs.memoized_program(_PROGRAMS, key, lambda: jax.jit(_synthetic_loop(
       target_module, draft_module, gamma, verify_tokens, chained, cache_len)))
 
 
