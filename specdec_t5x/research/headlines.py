@@ -180,6 +180,17 @@ def _tree(d):
   return 'greedy tokens per target call, best of each: ' + '; '.join(parts)
 
 
+def _tree_bound(d):
+  """Per task and draft, at 4 verified positions: the best static tree over the chain."""
+  parts = []
+  for c in d['cells']:
+    b = next(b for b in c['by_nodes'] if b['nodes'] == 3)
+    parts.append(f"{c['task']} {c['draft']} "
+                 f"{b['best_tree']['tokens_per_call'] / b['chain']['tokens_per_call']:.2f}")
+  return ('greedy tokens per call at 4 verified positions, the best static tree over the '
+          'chain: ' + ', '.join(parts))
+
+
 def _batch(d):
   return ', '.join(f"batch {r['batch']} gamma {r['gamma']}: {_x(r['speedup_vs_ar'])}"
                    for r in d['rows'] if r['gamma'] is not None)
@@ -227,6 +238,7 @@ HEADLINES: Dict[str, Callable[[Dict[str, Any]], str]] = {
     'decode_costs_bf16': _decode_costs, 'cpu_kernels': _cpu_kernels,
     'peers': _peers, 'block_verification': _block,
     'adaptive_gamma': _best_of('speedup_vs_ar'), 'copy_draft': _best_of('speedup_vs_ar'), 'tree': _tree,
+    'tree_bound': _tree_bound,
     'batch_throughput': _batch, 'lenience': _best_of('speedup_vs_ar'),
     'loop_efficiency': _loop_efficiency, 'loop_efficiency_batch8': _loop_efficiency,
     'loop_efficiency_t5_1_1_small': _loop_efficiency,

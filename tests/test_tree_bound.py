@@ -1,0 +1,77 @@
+"""research/tree_bound.py: teacher-forced ranks and the best static draft trees they allow,
+against brute force."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from conftest import random_inputs
+from specdec_t5x.algorithm import sampling
+from specdec_t5x.research import evaluation, tree_bound
+
+pytestmark = pytest.mark.slow  # a results table's tooling
+
+
+def test_ranks_order_by_logit_then_by_id():
+  rs = np.random.RandomState(0)
+  logits = rs.randint(0, 4, size=(30, 7)).astype(np.float32)  # many ties
+  tokens = rs.randint(0, 7, size=30)
+  expected = [[int(i) for i in sorted(range(7), key=lambda i: (-row[i], i))].index(t)
+              for row, t in zip(logits, tokens)]
+  np.testing.assert_array_equal(tree_bound.token_ranks(logits, tokens), expected)
+
+
+def test_shares_and_values_count_the_starts_a_path_begins():
+  rows = [np.array([0, 0, 1, 0, 2, 0, 0, 0, 1, 0])]
+  shares = tree_bound.path_shares(rows, 3)
+  assert shares[(0,)] == 0.7 and shares[(0, 0)] == 0.3 and shares[(0, 0, 0)] == 0.1
+  assert shares[(1,)] == 0.2 and shares[(0, 1)] == 0.2 and (0, 0, 0, 0) not in shares
+  assert tree_bound.tree_value(shares, tree_bound.chain(3)) == pytest.approx(1.1)
+  with pytest.raises(ValueError, match='not a tree'):
+    tree_bound.tree_value(shares, [(0,), (1, 0)])
+
+
+def _trees(paths, n):
+  """Every prefix-closed set of n of `paths` (brute force)."""
+  for nodes in itertools.combinations(paths, n):
+    if all(len(p) == 1 or p[:-1] in nodes for p in nodes):
+      yield list(nodes)
+
+
+def _chain_with_siblings(nodes):
+  """Whether `nodes` is a chain with leaf siblings of ranks 1..k beside its tokens."""
+  gamma = max((len(p) for p in nodes if set(p) == {0}), default=0)
+  leaves = [p for p in nodes if p != (0,) * len(p)]
+  return gamma > 0 and all(set(p[:-1]) <= {0} and len(p) <= gamma
+             and all(p[:-1] + (k,) in nodes for k in range(1, p[-1])) for p in leaves)
+
+
+@pytest.mark.parametrize('seed', [0, 1, 2])
+def test_best_trees_are_the_best_by_brute_force(seed):
+  rs = np.random.RandomState(seed)
+  rows = [rs.choice(4, size=rs.randint(3, 12), p=[0.55, 0.25, 0.15, 0.05]) for _ in range(6)]
+  shares = tree_bound.path_shares(rows, 4)
+  paths = sorted(shares)
+  for n in (1, 2, 3, 4):
+    trees = list(_trees(paths, n))
+    value = lambda nodes: tree_bound.tree_value(shares, nodes)
+    best = tree_bound.best_tree(shares, n)
+    assert value(best) == pytest.approx(max(map(value, trees)))
+    siblings = tree_bound.best_chain_with_siblings(shares, n)
+    assert _chain_with_siblings(siblings) and len(siblings) <= n
+    assert value(siblings) == pytest.approx(max(value(t) for t in trees
+                                                if _chain_with_siblings(t)))
+    assert value(tree_bound.chain(n)) <= value(siblings) <= value(best)
+
+
+def test_a_draft_equal_to_the_target_ranks_every_greedy_token_first(target_and_draft):
+  """Teacher forcing aligns each token with the logits that chose it: the target's own
+  greedy tokens are its rank-0 choices, and another draft's ranks are not all 0."""
+  target, draft = target_and_draft
+  enc = random_inputs(4, 9, 40, seed=2)
+  outputs = evaluation.target_outputs(target, enc, sampling.SamplingConfig(), 12, batch=4)
+  own = tree_bound.ranks(target, target, enc, outputs)
+  assert [len(r) for r in own] == [len(o) for o in outputs]
+  assert all(np.all(r == 0) for r in own)
+  assert any(np.any(r > 0) for r in tree_bound.ranks(target, draft, enc, outputs))
