@@ -1,14 +1,16 @@
-"""The most tokens per target call any static draft tree could give a draft, greedy.
+"""The most tokens per target call static draft trees could give a draft, greedy.
 
   python scripts/tree_bound.py [--drafts=demo_draft_m,demo_draft_s] [--tasks=ende,summarize]
-      [--num_examples=64] [--max_len=48] [--max_nodes=8]
+      [--num_examples=64] [--max_len=48] [--max_nodes=8] [--search_nodes=5]
 
 For each task: the demo target's greedy outputs for the first --num_examples test inputs,
 each draft teacher-forced on them, the rank of every target token among the draft's
 choices (specdec_t5x/research/tree_bound.py), and from those ranks, at n = 1..--max_nodes
-draft nodes (n + 1 verified positions): the expected tokens per target call of the chain of
-gamma = n, of the best chain with leaf siblings (what draft_siblings verifies) and of the
-best static tree of n nodes, with the trees' shapes. No timing. Writes
+draft nodes (n + 1 verified positions), the tokens per target call that greedy decoding
+verifying each tree would get (replayed step by step: exact, no decoding) for the chain of
+gamma = n, the best chain with leaf siblings (what draft_siblings verifies), the best tree
+for steps starting anywhere, and (n <= --search_nodes) the best tree in decode order among
+those made of the 12 most frequent paths; with the trees' shapes. No timing. Writes
 results/tree_bound.{json,md}.
 """
 
@@ -28,7 +30,7 @@ MEASURED = os.path.join(os.path.dirname(harness.results_path(__file__, 'x')), 't
 
 def measure(args) -> dict:
   target = evaluation.load_model('demo_target')
-  cells = []
+  measured, cells = _measured(), []
   jobs = [(task, d) for task in args.tasks.split(',') for d in args.drafts.split(',')]
   bar = tqdm(total=len(jobs), desc='ranks', unit='pair')
   for task in args.tasks.split(','):
@@ -44,26 +46,44 @@ def measure(args) -> dict:
         trees = {'chain': tree_bound.chain(n),
                  'chain_with_siblings': tree_bound.best_chain_with_siblings(shares, n),
                  'best_tree': tree_bound.best_tree(shares, n)}
+        if n <= args.search_nodes:
+          trees['searched'] = tree_bound.best_decoded_tree(rows, shares, n)
         by_nodes.append({'nodes': n, **{
-            k: {'tokens_per_call': 1.0 + tree_bound.tree_value(shares, v),
-                'shape': [list(p) for p in v]} for k, v in trees.items()}})
+            k: {'tokens_per_call': tree_bound.decode_value(rows, v),
+                'tokens_per_call_any_start': 1.0 + tree_bound.tree_value(shares, v),
+                'shape': [list(p) for p in v]} for k, v in trees.items() if v}})
+      replayed = (_replayed(measured, task, rows, args.max_len)
+                  if name == 'demo_draft_m' else [])  # the draft results/tree.json ran
       cells.append({'task': task, 'draft': name, 'examples': len(outputs),
+                    'measured_chains': replayed,
                     'tokens': int(sum(map(len, rows))),
                     'rank_shares': {str(r): float(shares.get((r,), 0.0)) for r in range(4)},
                     'by_nodes': by_nodes})
       bar.update(1)
   bar.close()
-  return {'cells': cells, 'measured_chains': _measured()}
+  return {'cells': cells}
 
 
-def _measured() -> List[dict]:
-  """The greedy chains' measured tokens per call (results/tree.json), when present."""
+def _measured() -> dict:
+  """The greedy chains that results/tree.json measured with demo_draft_m, and its rows and
+  max_len ({} when it is missing)."""
   if not os.path.exists(MEASURED):
+    return {}
+  data = json.load(open(MEASURED))
+  chains = [{'task': r['task'], 'gamma': r['verified_positions'] - 1,
+             'tokens_per_call': r['mean_tokens_per_target_call']} for r in data['results']
+            if r['temperature'] == 0 and r['decode'].startswith('g') and '+' not in r['decode']]
+  return {'rows': data['settings']['rows'], 'max_len': data['settings']['max_len'],
+          'chains': chains}
+
+
+def _replayed(measured: dict, task: str, rows, max_len: int) -> List[dict]:
+  """The measured chains of `task` beside their replay over the same first rows."""
+  if not measured or measured['max_len'] != max_len or len(rows) < measured['rows']:
     return []
-  rows = json.load(open(MEASURED))['results']
-  return [{'task': r['task'], 'gamma': r['verified_positions'] - 1,
-           'tokens_per_call': r['mean_tokens_per_target_call']} for r in rows
-          if r['temperature'] == 0 and r['decode'].startswith('g') and '+' not in r['decode']]
+  return [dict(m, replayed=tree_bound.decode_value(rows[:measured['rows']],
+                                                    tree_bound.chain(m['gamma'])))
+          for m in measured['chains'] if m['task'] == task]
 
 
 def _shape(paths) -> str:
@@ -72,14 +92,16 @@ def _shape(paths) -> str:
 
 def render(report: harness.Report) -> List[str]:
   lines = report.header(
-      'The best a static draft tree could do, greedy (teacher-forced ranks)',
+      'Static draft trees against the chain, greedy (teacher-forced ranks)',
       'rank: where the target\'s greedy token stands among the draft\'s choices on the '
-      'target\'s prefix (0: the draft\'s pick). A greedy step starting at a position '
-      'accepts the longest tree path whose ranks follow; tokens per call = 1 + the '
-      'expected accepted tokens, over steps starting at every position. nodes: draft '
-      'tokens verified (positions = nodes + 1). chain + siblings: the best chain with the '
-      'draft\'s runner-ups as leaves (draft_siblings); best tree: the nodes of largest '
-      'share, the bound for every static tree. Shapes: each node\'s ranks from the root.')
+      'target\'s prefix (0: the draft\'s pick). Tokens per call: greedy decoding that '
+      'verifies the tree at every step, replayed step by step over the ranks (exact: '
+      'replayed chains equal measured decodes, below). nodes: draft tokens verified (positions '
+      '= nodes + 1). chain + siblings: the best chain with the draft\'s runner-ups as '
+      'leaves (draft_siblings); top-share tree: the nodes most often on the target\'s '
+      'path from a start anywhere (the best static tree for such starts); searched: the '
+      'best in decode order of the trees made of the 12 most frequent paths. x: over the '
+      'chain. Shapes: each node\'s ranks from the root.')
   for c in report['cells']:
     lines += [f"## {c['task']}, {c['draft']} ({c['examples']} inputs, {c['tokens']} "
               f"target tokens; rank 0 / 1 / 2 / 3: " + ' / '.join(
@@ -87,19 +109,17 @@ def render(report: harness.Report) -> List[str]:
     rows = []
     for b in c['by_nodes']:
       chain = b['chain']['tokens_per_call']
-      rows.append([b['nodes'], f'{chain:.2f}',
-                   f"{b['chain_with_siblings']['tokens_per_call']:.2f}",
-                   f"{b['chain_with_siblings']['tokens_per_call'] / chain:.3f}",
-                   f"{b['best_tree']['tokens_per_call']:.2f}",
-                   f"{b['best_tree']['tokens_per_call'] / chain:.3f}",
-                   _shape(b['best_tree']['shape'])])
-    lines += harness.table(['nodes', 'chain', 'chain + siblings', 'vs chain', 'best tree',
-                            'vs chain', 'best tree\'s nodes'], rows) + ['']
-  measured = report['measured_chains']
-  if measured:
-    lines += ['Measured greedy chains (results/tree.json, steps as a decode takes them): ' +
-              ', '.join(f"{m['task']} g{m['gamma']} {m['tokens_per_call']:.2f}"
-                        for m in measured) + '.', '']
+      cell = lambda k: (f"{b[k]['tokens_per_call']:.2f} "
+                        f"({b[k]['tokens_per_call'] / chain:.3f}x)" if k in b else '-')
+      rows.append([b['nodes'], f'{chain:.2f}', cell('chain_with_siblings'), cell('best_tree'),
+                   cell('searched'), _shape(b.get('searched', b['best_tree'])['shape'])])
+    lines += harness.table(['nodes', 'chain', 'chain + siblings', 'top-share tree',
+                            'searched', 'best tree\'s nodes'], rows) + ['']
+    if c['measured_chains']:
+      lines += ['The chain replayed on the first inputs of results/tree.md against its '
+                'measured decodes: ' + ', '.join(
+                    f"g{m['gamma']} {m['replayed']:.2f} vs {m['tokens_per_call']:.2f}"
+                    for m in c['measured_chains']) + '.', '']
   return lines
 
 
@@ -111,6 +131,7 @@ def main(argv=None):
   ap.add_argument('--max_len', type=int, default=48)
   ap.add_argument('--max_input_len', type=int, default=128)
   ap.add_argument('--max_nodes', type=int, default=8)
+  ap.add_argument('--search_nodes', type=int, default=5)
   args = ap.parse_args(argv)
   report = harness.Report(__file__, args, argv)
   report.data.update(measure(args))

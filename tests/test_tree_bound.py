@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import random_inputs
+from specdec_t5x import generate
 from specdec_t5x.algorithm import sampling
 from specdec_t5x.research import evaluation, tree_bound
 
@@ -75,3 +76,28 @@ def test_a_draft_equal_to_the_target_ranks_every_greedy_token_first(target_and_d
   assert [len(r) for r in own] == [len(o) for o in outputs]
   assert all(np.all(r == 0) for r in own)
   assert any(np.any(r > 0) for r in tree_bound.ranks(target, draft, enc, outputs))
+
+
+def test_decode_value_replays_steps():
+  rows = [np.array([0, 0, 1, 0, 2, 0, 0, 0, 1, 0])]  # steps of 3, 2, 3, 1, 1 tokens
+  assert tree_bound.decode_value(rows, tree_bound.chain(2)) == 2.0
+  assert tree_bound.decode_value(rows, [(0,), (0, 0), (1,)]) == 10 / 4  # 3, 2, 3, 2
+  best = tree_bound.best_decoded_tree(rows, tree_bound.path_shares(rows, 3), 3)
+  assert tree_bound.decode_value(rows, best) >= 10 / 4
+
+
+@pytest.mark.parametrize('gamma', [1, 3])
+def test_replayed_chains_are_the_decodes_tokens_per_call(target_and_draft, gamma):
+  """A greedy speculative decode accepts exactly the runs of rank-0 tokens: the replay of
+  the chain gives its tokens per target call, EOS and max_len included."""
+  target, draft = target_and_draft
+  enc = random_inputs(4, 9, 40, seed=7)
+  outputs = evaluation.target_outputs(target, enc, sampling.SamplingConfig(), 14, batch=4,
+                                      eos_id=3)
+  assert len({len(o) for o in outputs}) > 2  # EOS ends rows at different lengths
+  rows = tree_bound.ranks(target, draft, enc, outputs)
+  out = generate(target, enc, draft=draft, gamma=gamma, max_decode_length=14, eos_id=3)
+  calls = int(np.sum(out.stats['target_calls']))
+  assert int(np.sum(out.stats['generated_tokens'])) == sum(map(len, rows))
+  assert tree_bound.decode_value(rows, tree_bound.chain(gamma)) == pytest.approx(
+      sum(map(len, rows)) / calls, rel=1e-12)

@@ -1,30 +1,32 @@
-"""How many tokens per target call a static draft tree could give a draft at best, greedy,
-from teacher-forced ranks (scripts/tree_bound.py).
+"""How many tokens per target call a static draft tree could give a draft, greedy, from
+teacher-forced ranks (scripts/tree_bound.py).
 
 At each position of the target's greedy output, `ranks` gives the rank of the target's
 token among the draft's next-token choices on the target's own prefix (0: the draft's pick;
-ties by id, as argmax and top_k order them). A greedy step that starts at position t with a
-draft tree accepts the longest path of the tree whose ranks are r_t, r_{t+1}, ...: a node
-is its path of ranks from the root, a tree a prefix-closed set of such paths. Over steps
-starting at every position, a tree's expected accepted tokens is the sum over its nodes of
-the share of starts whose ranks begin with the node's path (`path_shares`; the Sequoia
-paper chooses trees from the same statistic). So at n nodes (n + 1 verified positions):
+ties by id, as argmax and top_k order them). A greedy step with a static draft tree (a node
+is its path of ranks from the root, a tree a prefix-closed set of them) accepts the
+longest tree path whose ranks follow from where the step starts, then emits one more token:
+so `decode_value` replays a greedy decode step by step and gives its tokens per target call
+exactly (the chains' equal results/tree.md's measured decodes), for any tree, without
+decoding. Choosing the tree: over steps starting at every position, a tree accepts the sum
+over its nodes of the share of starts whose ranks begin with the node's path (`path_shares`;
+the Sequoia paper chooses trees from the same statistic); at n nodes (n + 1 verified
+positions):
 
 * the chain of gamma = n: the paths (0), (0, 0), ...;
 * the chain with leaf siblings (what tree_decoding verifies: the draft's runner-ups beside
   each chain token), the best split of the n nodes (`best_chain_with_siblings`);
-* the best static tree of n nodes: the n paths of largest share (`best_tree`), a bound for
-  every static tree this draft could feed, whatever draft calls it would need.
-
-Tokens per call = 1 + expected accepted tokens (the bonus or correction token). Steps of a
-real decode start where the last one ended, not at every position; the measured tokens per
-call of the chains (results/tree.md) are set beside these to show how close that is.
+* the n paths of largest share (`best_tree`): the best static tree for steps starting at
+  every position;
+* `best_decoded_tree`: the best in decode order among the trees made of the most frequent
+  paths (a search, for small n).
 """
 
 from __future__ import annotations
 
 import collections
-from typing import Dict, List, Sequence, Tuple
+import itertools
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -115,4 +117,36 @@ def best_chain_with_siblings(shares: Dict[Path, float], n: int) -> List[Path]:
                             for j in range(1, k + 1)]
     if tree_value(shares, nodes) > tree_value(shares, best):
       best = nodes
+  return best
+
+
+def decode_value(rank_rows: Sequence[np.ndarray], nodes: Sequence[Path]) -> float:
+  """Tokens per target call of greedy decoding that verifies the tree `nodes` at every
+  step, over the rows: each step starts after the last one's tokens, accepts the longest
+  path of `nodes` matching the ranks from there and emits one more token."""
+  nodes = set(nodes)
+  tokens = steps = 0
+  for r in rank_rows:
+    r = [int(x) for x in r]
+    t = 0
+    while t < len(r):
+      d = 0
+      while t + d < len(r) and tuple(r[t:t + d + 1]) in nodes:
+        d += 1
+      t, steps = t + d + 1, steps + 1
+    tokens += len(r)
+  return tokens / steps if steps else 1.0
+
+
+def best_decoded_tree(rank_rows: Sequence[np.ndarray], shares: Dict[Path, float], n: int,
+                      candidates: int = 12) -> Optional[List[Path]]:
+  """The tree of n nodes with the most tokens per call in decode order (`decode_value`)
+  among the prefix-closed sets of the `candidates` paths of largest share."""
+  paths = best_tree(shares, candidates)
+  best, value = None, 0.0
+  for nodes in itertools.combinations(paths, n):
+    if all(len(p) == 1 or p[:-1] in nodes for p in nodes):
+      v = decode_value(rank_rows, nodes)
+      if v > value:
+        best, value = list(nodes), v
   return best
