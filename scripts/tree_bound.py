@@ -9,8 +9,9 @@ choices (specdec_t5x/research/tree_bound.py), and from those ranks, at n = 1..--
 draft nodes (n + 1 verified positions), the tokens per target call that greedy decoding
 verifying each tree would get (replayed step by step: exact, no decoding) for the chain of
 gamma = n, the best chain with leaf siblings (what draft_siblings verifies), the best tree
-for steps starting anywhere, and (n <= --search_nodes) the best tree in decode order among
-those made of the 12 most frequent paths; with the trees' shapes. No timing. Writes
+for steps starting anywhere, (n <= --search_nodes) the best tree in decode order among
+those made of the 12 most frequent paths, with the trees' shapes, and an upper bound for
+EAGLE-2's dynamic trees of n nodes. No timing. Writes
 results/tree_bound.{json,md}.
 """
 
@@ -39,7 +40,8 @@ def measure(args) -> dict:
     outputs = evaluation.target_outputs(target, enc, sampling.SamplingConfig(),
                                         args.max_len)
     for name in args.drafts.split(','):
-      rows = tree_bound.ranks(target, evaluation.load_model(name, task), enc, outputs)
+      seen = tree_bound.views(evaluation.load_model(name, task), enc, outputs)
+      rows = [v.ranks for v in seen]
       shares = tree_bound.path_shares(rows, args.max_nodes)
       by_nodes = []
       for n in range(1, args.max_nodes + 1):
@@ -51,7 +53,8 @@ def measure(args) -> dict:
         by_nodes.append({'nodes': n, **{
             k: {'tokens_per_call': tree_bound.decode_value(rows, v),
                 'tokens_per_call_any_start': 1.0 + tree_bound.tree_value(shares, v),
-                'shape': [list(p) for p in v]} for k, v in trees.items() if v}})
+                'shape': [list(p) for p in v]} for k, v in trees.items() if v},
+                         'dynamic_bound': {'tokens_per_call': tree_bound.dynamic_value(seen, n)}})
       replayed = (_replayed(measured, task, rows, args.max_len)
                   if name == 'demo_draft_m' else [])  # the draft results/tree.json ran
       cells.append({'task': task, 'draft': name, 'examples': len(outputs),
@@ -100,8 +103,10 @@ def render(report: harness.Report) -> List[str]:
       '= nodes + 1). chain + siblings: the best chain with the draft\'s runner-ups as '
       'leaves (draft_siblings); top-share tree: the nodes most often on the target\'s '
       'path from a start anywhere (the best static tree for such starts); searched: the '
-      'best in decode order of the trees made of the 12 most frequent paths. x: over the '
-      'chain. Shapes: each node\'s ranks from the root.')
+      'best in decode order of the trees made of the 12 most frequent paths; dynamic '
+      '(bound): EAGLE-2\'s rule, each step\'s n nodes of largest draft path probability, '
+      'counting as rivals only the siblings of the target\'s path (an upper bound for that '
+      'rule). x: over the chain. Shapes: each node\'s ranks from the root.')
   for c in report['cells']:
     lines += [f"## {c['task']}, {c['draft']} ({c['examples']} inputs, {c['tokens']} "
               f"target tokens; rank 0 / 1 / 2 / 3: " + ' / '.join(
@@ -112,9 +117,11 @@ def render(report: harness.Report) -> List[str]:
       cell = lambda k: (f"{b[k]['tokens_per_call']:.2f} "
                         f"({b[k]['tokens_per_call'] / chain:.3f}x)" if k in b else '-')
       rows.append([b['nodes'], f'{chain:.2f}', cell('chain_with_siblings'), cell('best_tree'),
-                   cell('searched'), _shape(b.get('searched', b['best_tree'])['shape'])])
+                   cell('searched'), _shape(b.get('searched', b['best_tree'])['shape']),
+                   cell('dynamic_bound')])
     lines += harness.table(['nodes', 'chain', 'chain + siblings', 'top-share tree',
-                            'searched', 'best tree\'s nodes'], rows) + ['']
+                            'searched', 'best static tree\'s nodes', 'dynamic (bound)'],
+                           rows) + ['']
     if c['measured_chains']:
       lines += ['The chain replayed on the first inputs of results/tree.md against its '
                 'measured decodes: ' + ', '.join(

@@ -72,10 +72,10 @@ def test_a_draft_equal_to_the_target_ranks_every_greedy_token_first(target_and_d
   target, draft = target_and_draft
   enc = random_inputs(4, 9, 40, seed=2)
   outputs = evaluation.target_outputs(target, enc, sampling.SamplingConfig(), 12, batch=4)
-  own = tree_bound.ranks(target, target, enc, outputs)
+  own = tree_bound.ranks(target, enc, outputs)
   assert [len(r) for r in own] == [len(o) for o in outputs]
   assert all(np.all(r == 0) for r in own)
-  assert any(np.any(r > 0) for r in tree_bound.ranks(target, draft, enc, outputs))
+  assert any(np.any(r > 0) for r in tree_bound.ranks(draft, enc, outputs))
 
 
 def test_decode_value_replays_steps():
@@ -95,9 +95,36 @@ def test_replayed_chains_are_the_decodes_tokens_per_call(target_and_draft, gamma
   outputs = evaluation.target_outputs(target, enc, sampling.SamplingConfig(), 14, batch=4,
                                       eos_id=3)
   assert len({len(o) for o in outputs}) > 2  # EOS ends rows at different lengths
-  rows = tree_bound.ranks(target, draft, enc, outputs)
+  rows = tree_bound.ranks(draft, enc, outputs)
   out = generate(target, enc, draft=draft, gamma=gamma, max_decode_length=14, eos_id=3)
   calls = int(np.sum(out.stats['target_calls']))
   assert int(np.sum(out.stats['generated_tokens'])) == sum(map(len, rows))
   assert tree_bound.decode_value(rows, tree_bound.chain(gamma)) == pytest.approx(
       sum(map(len, rows)) / calls, rel=1e-12)
+
+
+def _view(ranks, own, top):
+  return tree_bound.DraftView(np.asarray(ranks), np.asarray(own, np.float64),
+                              np.asarray(top, np.float64))
+
+
+def test_dynamic_trees_take_the_nodes_of_largest_path_probability():
+  top = [[0.9, 0.05], [0.5, 0.4], [0.9, 0.1]]
+  sure = _view([0, 0, 0], [0.9, 0.5, 0.9], top)  # path 0.9, 0.45 beat rivals 0.05, 0.36
+  assert tree_bound.dynamic_value([sure], 2) == 3.0  # both accepted, then the bonus
+  # the second token, the draft's runner-up: its path 0.27 loses to its sibling 0.54
+  unsure = _view([0, 1, 0], [0.9, 0.3, 0.9], [[0.9, 0.05], [0.6, 0.3], [0.9, 0.1]])
+  assert tree_bound.dynamic_value([unsure], 2) == 1.5  # steps of 2 tokens, then 1
+  assert tree_bound.dynamic_value([unsure], 3) == 3.0  # a third node takes it in
+
+
+@pytest.mark.parametrize('seed', [0, 1])
+def test_a_dynamic_tree_of_one_node_is_the_chain_of_one(seed):
+  rs = np.random.RandomState(seed)
+  logits = rs.normal(size=(20, 6))
+  probs = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+  tokens = rs.randint(0, 6, size=20)
+  view = _view(tree_bound.token_ranks(logits, tokens), probs[np.arange(20), tokens],
+               -np.sort(-probs, axis=1))
+  assert tree_bound.dynamic_value([view], 1) == tree_bound.decode_value([view.ranks],
+                                                                        tree_bound.chain(1))

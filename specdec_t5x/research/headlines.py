@@ -185,8 +185,10 @@ def _tree_bound(d):
   parts = []
   for c in d['cells']:
     b = next(b for b in c['by_nodes'] if b['nodes'] == 3)
-    best = max(v['tokens_per_call'] for k, v in b.items() if k != 'nodes')
-    parts.append(f"{c['task']} {c['draft']} {best / b['chain']['tokens_per_call']:.2f}")
+    best = max(v['tokens_per_call'] for k, v in b.items() if k not in ('nodes', 'dynamic_bound'))
+    chain = b['chain']['tokens_per_call']
+    parts.append(f"{c['task']} {c['draft']} {best / chain:.2f} (dynamic, bound: "
+                 f"{b['dynamic_bound']['tokens_per_call'] / chain:.2f})")
   return ('greedy tokens per call at 4 verified positions, the best static tree found over '
           'the chain: ' + ', '.join(parts))
 

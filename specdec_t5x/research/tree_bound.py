@@ -25,6 +25,7 @@ positions):
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -37,11 +38,21 @@ from specdec_t5x.research import evaluation
 Path = Tuple[int, ...]
 
 
-def ranks(target, draft, enc: np.ndarray, outputs: Sequence[np.ndarray],
-          batch: int = 16) -> List[np.ndarray]:
-  """Per output row (the target's tokens, cut after EOS): the rank of each token among the
-  draft's teacher-forced logits at its position, int [len]."""
-  del target  # the outputs are the target's; the ranks are the draft's
+TOP = 9  # the draft's largest probabilities kept per position (dynamic_value's siblings)
+
+
+@dataclasses.dataclass
+class DraftView:
+  """One output row as the draft sees it, teacher-forced on the target's tokens."""
+  ranks: np.ndarray  # [len] int: each token's rank among the draft's choices (token_ranks)
+  own: np.ndarray  # [len] the draft's probability of the target's token
+  top: np.ndarray  # [len, TOP] the draft's largest probabilities, descending
+
+
+def views(draft, enc: np.ndarray, outputs: Sequence[np.ndarray],
+          batch: int = 16) -> List[DraftView]:
+  """Per output row (the target's tokens, cut after EOS), the draft's teacher-forced view of
+  it: ranks, the probability of each token and the draft's TOP largest (softmax, T = 1)."""
   dec_len = batching.bucket_length(max(len(o) for o in outputs))
   found = []
   for start in range(0, len(outputs), batch):
@@ -49,8 +60,19 @@ def ranks(target, draft, enc: np.ndarray, outputs: Sequence[np.ndarray],
     e = batching.trim_batch(enc[start:start + len(rows)])
     d = batching.pad_batch(rows, dec_len, min_len=dec_len)  # [n, dec_len]
     q = np.asarray(evaluation._LOGITS(draft[0], draft[1], jnp.asarray(e), jnp.asarray(d)))  # pylint: disable=protected-access
-    found += [token_ranks(q[i, :len(r)], r) for i, r in enumerate(rows)]
+    for i, r in enumerate(rows):
+      logits = q[i, :len(r)].astype(np.float64)
+      probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+      probs /= probs.sum(axis=1, keepdims=True)
+      found.append(DraftView(token_ranks(q[i, :len(r)], r),
+                             np.take_along_axis(probs, np.asarray(r)[:, None], 1)[:, 0],
+                             -np.sort(-probs, axis=1)[:, :TOP]))
   return found
+
+
+def ranks(draft, enc: np.ndarray, outputs: Sequence[np.ndarray]) -> List[np.ndarray]:
+  """Per output row: each token's rank among the draft's choices (`views`)."""
+  return [v.ranks for v in views(draft, enc, outputs)]
 
 
 def token_ranks(logits: np.ndarray, tokens: np.ndarray) -> np.ndarray:
@@ -150,3 +172,30 @@ def best_decoded_tree(rank_rows: Sequence[np.ndarray], shares: Dict[Path, float]
       if v > value:
         best, value = list(nodes), v
   return best
+
+
+def dynamic_value(rows: Sequence[DraftView], n: int) -> float:
+  """Tokens per target call, in decode order, of EAGLE-2's dynamic tree of n nodes (the n
+  nodes of largest draft path probability, the product of the draft's probabilities along
+  the path), bounded from above: a step accepts the target's path as deep as its nodes are
+  among the n, and the only rivals counted are the siblings of that path's nodes (known from
+  teacher forcing); the subtrees below those siblings are left out, which can only let more
+  of the path in."""
+  tokens = steps = 0
+  for v in rows:
+    t = 0
+    while t < len(v.ranks):
+      depth = min(n, len(v.ranks) - t)
+      path = np.cumprod(v.own[t:t + depth])  # [depth]: P_1..P_depth
+      before = np.concatenate([[1.0], path[:-1]])  # each node's parent's path probability
+      rivals = [before[k] * q for k in range(depth)
+                for j, q in enumerate(v.top[t + k][:n]) if j != v.ranks[t + k]]
+      rivals = np.asarray(rivals)
+      accepted = 0
+      for d in range(1, depth + 1):  # ancestors outrank their node; ties go to the path
+        if d - 1 + np.sum(rivals > path[d - 1]) >= n:
+          break
+        accepted = d
+      t, steps = t + accepted + 1, steps + 1
+    tokens += len(v.ranks)
+  return tokens / steps if steps else 1.0
