@@ -10,8 +10,9 @@ draft nodes (n + 1 verified positions), the tokens per target call that greedy d
 verifying each tree would get (replayed step by step: exact, no decoding) for the chain of
 gamma = n, the best chain with leaf siblings (what draft_siblings verifies), the best tree
 for steps starting anywhere, (n <= --search_nodes) the best tree in decode order among
-those made of the 12 most frequent paths, with the trees' shapes, and an upper bound for
-EAGLE-2's dynamic trees of n nodes. No timing. Writes
+those made of the 12 most frequent paths, with the trees' shapes, an upper bound for
+EAGLE-2's dynamic trees of n nodes, and the best chain with a copy branch (copy_branch). No
+timing. Writes
 results/tree_bound.{json,md}.
 """
 
@@ -21,17 +22,18 @@ import json
 import os
 from typing import List
 
+import numpy as np
 from tqdm import tqdm
 
 from specdec_t5x.algorithm import batching, sampling
-from specdec_t5x.research import evaluation, harness, tree_bound
+from specdec_t5x.research import evaluation, experiments, harness, tree_bound
 
 MEASURED = harness.results_path(__file__, 'tree') + '.json'  # its greedy chains, replayed
 
 
 def measure(args) -> dict:
   target = evaluation.load_model('demo_target')
-  measured, cells = _measured(), []
+  measured, cells, copied = _measured(), [], None
   jobs = [(task, d) for task in args.tasks.split(',') for d in args.drafts.split(',')]
   bar = tqdm(total=len(jobs), desc='ranks', unit='pair')
   for task in args.tasks.split(','):
@@ -42,6 +44,9 @@ def measure(args) -> dict:
     for name in args.drafts.split(','):
       seen = tree_bound.views(evaluation.load_model(name, task), enc, outputs)
       rows = [v.ranks for v in seen]
+      copied = copied if name != args.drafts.split(',')[0] else [  # the same for every draft
+          tree_bound.copy_runs(e, o, args.max_nodes, args.max_len)
+          for e, o in zip(enc, outputs)]
       shares = tree_bound.path_shares(rows, args.max_nodes)
       by_nodes = []
       for n in range(1, args.max_nodes + 1):
@@ -54,11 +59,12 @@ def measure(args) -> dict:
             k: {'tokens_per_call': tree_bound.decode_value(rows, v),
                 'tokens_per_call_any_start': 1.0 + tree_bound.tree_value(shares, v),
                 'shape': [list(p) for p in v]} for k, v in trees.items() if v},
-                         'dynamic_bound': {'tokens_per_call': tree_bound.dynamic_value(seen, n)}})
-      replayed = (_replayed(measured, task, rows, args.max_len)
+                         'dynamic_bound': {'tokens_per_call': tree_bound.dynamic_value(seen, n)},
+                         'chain_with_copy': _with_copy(rows, copied, n)})
+      replayed = (_replayed(measured, task, rows, copied, args.max_len)
                   if name == 'demo_draft_m' else [])  # the draft results/tree.json ran
       cells.append({'task': task, 'draft': name, 'examples': len(outputs),
-                    'measured_chains': replayed,
+                    'measured_decodes': replayed,
                     'tokens': int(sum(map(len, rows))),
                     'rank_shares': {str(r): float(shares.get((r,), 0.0)) for r in range(4)},
                     'by_nodes': by_nodes})
@@ -67,26 +73,46 @@ def measure(args) -> dict:
   return {'cells': cells}
 
 
+def _with_copy(rows, copied, n: int) -> dict:
+  """The best split of n nodes between the draft's chain (gamma >= 1) and a copy branch
+  (>= 1 token), and the copy branch alone, replayed."""
+  runs = lambda c: [np.minimum(r, c) for r in copied]
+  splits = {g: tree_bound.decode_value(rows, tree_bound.chain(g), runs(n - g))
+            for g in range(1, n)}
+  gamma = max(splits, key=splits.get) if splits else None
+  return {'tokens_per_call': splits[gamma] if splits else None, 'gamma': gamma,
+          'copy_branch': n - gamma if splits else None,
+          'copy_alone': tree_bound.decode_value(rows, [], runs(n))}
+
+
 def _measured() -> dict:
-  """The greedy chains that results/tree.json measured with demo_draft_m, and its rows and
-  max_len ({} when it is missing)."""
+  """The greedy decodes that results/tree.json measured with its default draft, and its
+  rows and max_len ({} when it is missing)."""
   if not os.path.exists(MEASURED):
     return {}
   data = json.load(open(MEASURED))
-  chains = [{'task': r['task'], 'gamma': r['verified_positions'] - 1,
-             'tokens_per_call': r['mean_tokens_per_target_call']} for r in data['results']
-            if r['temperature'] == 0 and r['decode'].startswith('g') and '+' not in r['decode']]
+  decodes = [{'task': r['task'], 'decode': r['decode'],
+              'tokens_per_call': r['mean_tokens_per_target_call']} for r in data['results']
+             if r['temperature'] == 0 and r['decode'] != 'AR' and '@' not in r['decode']]
   return {'rows': data['settings']['rows'], 'max_len': data['settings']['max_len'],
-          'chains': chains}
+          'decodes': decodes}
 
 
-def _replayed(measured: dict, task: str, rows, max_len: int) -> List[dict]:
-  """The measured chains of `task` beside their replay over the same first rows."""
+def _replayed(measured: dict, task: str, rows, copied, max_len: int) -> List[dict]:
+  """The measured decodes of `task` beside their replay over the same first rows."""
   if not measured or measured['max_len'] != max_len or len(rows) < measured['rows']:
     return []
-  return [dict(m, replayed=tree_bound.decode_value(rows[:measured['rows']],
-                                                    tree_bound.chain(m['gamma'])))
-          for m in measured['chains'] if m['task'] == task]
+  out = []
+  for m in measured['decodes']:
+    if m['task'] != task:
+      continue
+    settings, _ = experiments.parse_decode(m['decode'])
+    nodes = tree_bound.siblings(settings['gamma'], settings.get('draft_siblings', ()))
+    c = settings.get('copy_branch', 0)
+    first = slice(0, measured['rows'])
+    runs = [np.minimum(r, c) for r in copied[first]] if c else None
+    out.append(dict(m, replayed=tree_bound.decode_value(rows[first], nodes, runs)))
+  return out
 
 
 def _shape(paths) -> str:
@@ -106,7 +132,9 @@ def render(report: harness.Report) -> List[str]:
       'best in decode order of the trees made of the 12 most frequent paths; dynamic '
       '(bound): EAGLE-2\'s rule, each step\'s n nodes of largest draft path probability, '
       'counting as rivals only the siblings of the target\'s path (an upper bound for that '
-      'rule). x: over the chain. Shapes: each node\'s ranks from the root.')
+      'rule); chain + copy: the best split of the nodes between the draft\'s chain and a '
+      'copy branch (prompt lookup, copy_branch), replayed alike; copy alone: the copy '
+      'branch of all n nodes. x: over the chain. Shapes: each node\'s ranks from the root.')
   for c in report['cells']:
     lines += [f"## {c['task']}, {c['draft']} ({c['examples']} inputs, {c['tokens']} "
               f"target tokens; rank 0 / 1 / 2 / 3: " + ' / '.join(
@@ -116,17 +144,21 @@ def render(report: harness.Report) -> List[str]:
       chain = b['chain']['tokens_per_call']
       cell = lambda k: (f"{b[k]['tokens_per_call']:.2f} "
                         f"({b[k]['tokens_per_call'] / chain:.3f}x)" if k in b else '-')
+      mixed = b['chain_with_copy']
       rows.append([b['nodes'], f'{chain:.2f}', cell('chain_with_siblings'), cell('best_tree'),
                    cell('searched'), _shape(b.get('searched', b['best_tree'])['shape']),
-                   cell('dynamic_bound')])
+                   cell('dynamic_bound'),
+                   f"{mixed['tokens_per_call']:.2f} (g{mixed['gamma']}+c{mixed['copy_branch']}, "
+                   f"{mixed['tokens_per_call'] / chain:.3f}x)" if mixed['gamma'] else '-',
+                   f"{mixed['copy_alone']:.2f}"])
     lines += harness.table(['nodes', 'chain', 'chain + siblings', 'top-share tree',
-                            'searched', 'best static tree\'s nodes', 'dynamic (bound)'],
-                           rows) + ['']
-    if c['measured_chains']:
-      lines += ['The chain replayed on the first inputs of results/tree.md against its '
-                'measured decodes: ' + ', '.join(
-                    f"g{m['gamma']} {m['replayed']:.2f} vs {m['tokens_per_call']:.2f}"
-                    for m in c['measured_chains']) + '.', '']
+                            'searched', 'best static tree\'s nodes', 'dynamic (bound)',
+                            'chain + copy', 'copy alone'], rows) + ['']
+    if c['measured_decodes']:
+      lines += ['Replayed on the first inputs of results/tree.md against its measured '
+                'decodes (tokens per call): ' + ', '.join(
+                    f"{m['decode']} {m['replayed']:.2f} vs {m['tokens_per_call']:.2f}"
+                    for m in c['measured_decodes']) + '.', '']
   return lines
 
 

@@ -3,12 +3,14 @@ against brute force."""
 
 import itertools
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from conftest import random_inputs
 from specdec_t5x import generate
 from specdec_t5x.algorithm import sampling
+from specdec_t5x.algorithm.drafts import UnigramDraft
 from specdec_t5x.research import evaluation, tree_bound
 
 pytestmark = pytest.mark.slow  # a results table's tooling
@@ -81,7 +83,11 @@ def test_a_draft_equal_to_the_target_ranks_every_greedy_token_first(target_and_d
 def test_decode_value_replays_steps():
   rows = [np.array([0, 0, 1, 0, 2, 0, 0, 0, 1, 0])]  # steps of 3, 2, 3, 1, 1 tokens
   assert tree_bound.decode_value(rows, tree_bound.chain(2)) == 2.0
-  assert tree_bound.decode_value(rows, [(0,), (0, 0), (1,)]) == 10 / 4  # 3, 2, 3, 2
+  assert tree_bound.siblings(2, (1,)) == [(0,), (0, 0), (1,)]
+  assert tree_bound.decode_value(rows, tree_bound.siblings(2, (1,))) == 10 / 4  # 3, 2, 3, 2
+  copied = [np.array([0, 0, 0, 0, 0, 0, 0, 0, 0, 0])]
+  copied[0][3] = 3  # a copy of 3 right tokens at position 3: steps of 3, 4, 2, 1
+  assert tree_bound.decode_value(rows, tree_bound.chain(2), copied) == 10 / 4
   best = tree_bound.best_decoded_tree(rows, tree_bound.path_shares(rows, 3), 3)
   assert tree_bound.decode_value(rows, best) >= 10 / 4
 
@@ -128,3 +134,27 @@ def test_a_dynamic_tree_of_one_node_is_the_chain_of_one(seed):
                -np.sort(-probs, axis=1))
   assert tree_bound.dynamic_value([view], 1) == tree_bound.decode_value([view.ranks],
                                                                         tree_bound.chain(1))
+
+
+@pytest.mark.parametrize('gamma,copy', [(2, 3), (0, 4)])
+def test_replayed_copy_trees_are_the_decodes_tokens_per_call(target_and_draft, gamma, copy):
+  """A greedy step with the chain and a copy branch accepts the longer of their matches with
+  the target's tokens: the replay gives generate's tokens per target call (gamma 0: the copy
+  branch beside a chain of one draft token that is never right)."""
+  target, draft = target_and_draft
+  enc = random_inputs(4, 16, 40, seed=7)
+  outputs = evaluation.target_outputs(target, enc, sampling.SamplingConfig(), 16, batch=4,
+                                      eos_id=3)
+  copied = [tree_bound.copy_runs(e, o, copy, max_len=16) for e, o in zip(enc, outputs)]
+  assert sum(int(c.sum()) for c in copied) > 0  # some copies are right
+  if gamma:
+    rows, kw = tree_bound.ranks(draft, enc, outputs), dict(draft=draft, gamma=gamma)
+  else:  # a useless draft: q one-hot on token 0, which the target never emits
+    rows = [np.ones(len(o), np.int64) for o in outputs]
+    kw = dict(draft=(UnigramDraft(40), {'logits': jnp.zeros((40,), jnp.float32)}), gamma=1)
+  out = generate(target, enc, copy_branch=copy, max_decode_length=16, eos_id=3, **kw)
+  calls = int(np.sum(out.stats['target_calls']))
+  assert int(np.sum(out.stats['generated_tokens'])) == sum(map(len, rows))
+  nodes = tree_bound.chain(gamma)
+  assert tree_bound.decode_value(rows, nodes, copied) == pytest.approx(
+      sum(map(len, rows)) / calls, rel=1e-12)

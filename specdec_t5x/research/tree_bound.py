@@ -20,6 +20,10 @@ positions):
   every position;
 * `best_decoded_tree`: the best in decode order among the trees made of the most frequent
   paths (a search, for small n).
+
+Beside them an upper bound for EAGLE-2's dynamic trees (`dynamic_value`), and the draft's
+chain with a copy branch (prompt lookup, which is not a draft rank; `copy_runs`,
+`decode_value` with copy_rows), replayed the same way.
 """
 
 from __future__ import annotations
@@ -29,13 +33,15 @@ import dataclasses
 import itertools
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import batching
+from specdec_t5x.algorithm import batching, tree_decoding
 from specdec_t5x.research import evaluation
 
 Path = Tuple[int, ...]
+_COPY = jax.jit(tree_decoding.copy_continuation, static_argnums=3)
 
 
 TOP = 9  # the draft's largest probabilities kept per position (dynamic_value's siblings)
@@ -142,22 +148,34 @@ def best_chain_with_siblings(shares: Dict[Path, float], n: int) -> List[Path]:
   return best
 
 
-def decode_value(rank_rows: Sequence[np.ndarray], nodes: Sequence[Path]) -> float:
+def decode_value(rank_rows: Sequence[np.ndarray], nodes: Sequence[Path],
+                 copy_rows: Optional[Sequence[np.ndarray]] = None) -> float:
   """Tokens per target call of greedy decoding that verifies the tree `nodes` at every
   step, over the rows: each step starts after the last one's tokens, accepts the longest
-  path of `nodes` matching the ranks from there and emits one more token."""
+  path of `nodes` matching the ranks from there and emits one more token. With
+  `copy_rows` (copy_runs, cut to the branch's length) a copy branch is verified beside
+  them, and a step accepts the longer of the two matches."""
   nodes = set(nodes)
   tokens = steps = 0
-  for r in rank_rows:
+  for i, r in enumerate(rank_rows):
     r = [int(x) for x in r]
     t = 0
     while t < len(r):
       d = 0
       while t + d < len(r) and tuple(r[t:t + d + 1]) in nodes:
         d += 1
+      if copy_rows is not None:
+        d = max(d, int(copy_rows[i][t]))
       t, steps = t + d + 1, steps + 1
     tokens += len(r)
   return tokens / steps if steps else 1.0
+
+
+def siblings(gamma: int, counts: Sequence[int]) -> List[Path]:
+  """The tree of a chain of gamma with counts[t - 1] of the draft's runner-ups beside its
+  token at depth t (DecodeConfig.draft_siblings)."""
+  return chain(gamma) + [(0,) * t + (j,) for t, k in enumerate(counts)
+                         for j in range(1, k + 1)]
 
 
 def best_decoded_tree(rank_rows: Sequence[np.ndarray], shares: Dict[Path, float], n: int,
@@ -199,3 +217,24 @@ def dynamic_value(rows: Sequence[DraftView], n: int) -> float:
       t, steps = t + accepted + 1, steps + 1
     tokens += len(v.ranks)
   return tokens / steps if steps else 1.0
+
+
+def copy_runs(enc_row: np.ndarray, tokens: np.ndarray, num: int,
+              max_len: Optional[int] = None) -> np.ndarray:
+  """[len] int: per start position t, how many of the copy branch's `num` tokens
+  (tree_decoding.copy_continuation: prompt lookup on the input and the target's prefix
+  y_<t) are the target's next tokens, as a greedy step starting at t would accept them."""
+  tokens = np.asarray(tokens, np.int32)
+  size = max_len or len(tokens)  # one compiled lookup for every row of up to max_len
+  seq = np.zeros((size, 2 + size), np.int32)
+  seq[:, 2:2 + len(tokens)] = tokens[None, :]  # only the first `length` tokens are read
+  enc = np.repeat(np.asarray(enc_row, np.int32)[None, :], size, axis=0)
+  copy, known = _COPY(jnp.asarray(enc), jnp.asarray(seq), jnp.arange(size, dtype=jnp.int32),
+                      num)
+  copy, known = np.asarray(copy), np.asarray(known)
+  out = np.zeros(len(tokens), np.int64)
+  for t in range(len(tokens)):
+    while (out[t] < num and t + out[t] < len(tokens) and known[t, out[t]]
+           and copy[t, out[t]] == tokens[t + out[t]]):
+      out[t] += 1
+  return out
