@@ -28,12 +28,12 @@ from tqdm import tqdm
 from specdec_t5x.algorithm import batching, sampling
 from specdec_t5x.research import evaluation, experiments, harness, tree_bound
 
-MEASURED = harness.results_path(__file__, 'tree') + '.json'  # its greedy chains, replayed
+MEASURED = harness.results_path(__file__, 'tree') + '.json'  # its greedy decodes, replayed
 
 
 def measure(args) -> dict:
   target = evaluation.load_model('demo_target')
-  measured, cells, copied = _measured(), [], None
+  measured, cells = _measured(), []
   jobs = [(task, d) for task in args.tasks.split(',') for d in args.drafts.split(',')]
   bar = tqdm(total=len(jobs), desc='ranks', unit='pair')
   for task in args.tasks.split(','):
@@ -41,12 +41,11 @@ def measure(args) -> dict:
     enc = batching.pad_batch([e.inputs for e in examples], args.max_input_len)
     outputs = evaluation.target_outputs(target, enc, sampling.SamplingConfig(),
                                         args.max_len)
+    copied = [tree_bound.copy_runs(e, o, args.max_nodes, args.max_len)  # any draft's
+              for e, o in zip(enc, outputs)]
     for name in args.drafts.split(','):
       seen = tree_bound.views(evaluation.load_model(name, task), enc, outputs)
       rows = [v.ranks for v in seen]
-      copied = copied if name != args.drafts.split(',')[0] else [  # the same for every draft
-          tree_bound.copy_runs(e, o, args.max_nodes, args.max_len)
-          for e, o in zip(enc, outputs)]
       shares = tree_bound.path_shares(rows, args.max_nodes)
       by_nodes = []
       for n in range(1, args.max_nodes + 1):
@@ -121,12 +120,12 @@ def _shape(paths) -> str:
 
 def render(report: harness.Report) -> List[str]:
   lines = report.header(
-      'Static draft trees against the chain, greedy (teacher-forced ranks)',
+      'Draft trees against the chain, greedy, replayed from teacher-forced ranks',
       'rank: where the target\'s greedy token stands among the draft\'s choices on the '
       'target\'s prefix (0: the draft\'s pick). Tokens per call: greedy decoding that '
-      'verifies the tree at every step, replayed step by step over the ranks (exact: '
-      'replayed chains equal measured decodes, below). nodes: draft tokens verified (positions '
-      '= nodes + 1). chain + siblings: the best chain with the draft\'s runner-ups as '
+      'verifies the tree at every step, replayed step by step over the ranks (exact: the '
+      'replayed decodes equal the measured ones, below). nodes: draft tokens verified '
+      '(positions = nodes + 1). chain + siblings: the best chain with the draft\'s runner-ups as '
       'leaves (draft_siblings); top-share tree: the nodes most often on the target\'s '
       'path from a start anywhere (the best static tree for such starts); searched: the '
       'best in decode order of the trees made of the 12 most frequent paths; dynamic '
@@ -152,7 +151,7 @@ def render(report: harness.Report) -> List[str]:
                    f"{mixed['tokens_per_call'] / chain:.3f}x)" if mixed['gamma'] else '-',
                    f"{mixed['copy_alone']:.2f}"])
     lines += harness.table(['nodes', 'chain', 'chain + siblings', 'top-share tree',
-                            'searched', 'best static tree\'s nodes', 'dynamic (bound)',
+                            'searched', 'its nodes (else top-share\'s)', 'dynamic (bound)',
                             'chain + copy', 'copy alone'], rows) + ['']
     if c['measured_decodes']:
       lines += ['Replayed on the first inputs of results/tree.md against its measured '
