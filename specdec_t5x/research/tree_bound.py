@@ -140,12 +140,22 @@ def best_chain_with_siblings(shares: Dict[Path, float], n: int) -> List[Path]:
       table = [max(((table[m - k][0] + gain(t, k), table[m - k][1] + (k,))
                     for k in range(m + 1) if table[m - k][0] >= 0), default=(-1.0, ()))
                for m in range(spare + 1)]
-    counts = max(table)[1]
-    nodes = chain(gamma) + [(0,) * (t - 1) + (j,) for t, k in enumerate(counts, 1)
-                            for j in range(1, k + 1)]
+    nodes = siblings(gamma, max(table)[1])
     if tree_value(shares, nodes) > tree_value(shares, best):
       best = nodes
   return best
+
+
+def _replay(lengths: Sequence[int], accepted) -> float:
+  """Tokens per target call of a greedy decode over rows of `lengths` tokens whose step
+  starting at position t of row i accepts accepted(i, t) drafts and emits one more token."""
+  tokens = steps = 0
+  for i, n in enumerate(lengths):
+    t = 0
+    while t < n:
+      t, steps = t + accepted(i, t) + 1, steps + 1
+    tokens += n
+  return tokens / steps if steps else 1.0
 
 
 def decode_value(rank_rows: Sequence[np.ndarray], nodes: Sequence[Path],
@@ -156,19 +166,14 @@ def decode_value(rank_rows: Sequence[np.ndarray], nodes: Sequence[Path],
   `copy_rows` (copy_runs, cut to the branch's length) a copy branch is verified beside
   them, and a step accepts the longer of the two matches."""
   nodes = set(nodes)
-  tokens = steps = 0
-  for i, r in enumerate(rank_rows):
-    r = [int(x) for x in r]
-    t = 0
-    while t < len(r):
-      d = 0
-      while t + d < len(r) and tuple(r[t:t + d + 1]) in nodes:
-        d += 1
-      if copy_rows is not None:
-        d = max(d, int(copy_rows[i][t]))
-      t, steps = t + d + 1, steps + 1
-    tokens += len(r)
-  return tokens / steps if steps else 1.0
+  rows = [[int(x) for x in r] for r in rank_rows]
+
+  def accepted(i, t):
+    r, d = rows[i], 0
+    while t + d < len(r) and tuple(r[t:t + d + 1]) in nodes:
+      d += 1
+    return d if copy_rows is None else max(d, int(copy_rows[i][t]))
+  return _replay([len(r) for r in rows], accepted)
 
 
 def siblings(gamma: int, counts: Sequence[int]) -> List[Path]:
@@ -199,24 +204,18 @@ def dynamic_value(rows: Sequence[DraftView], n: int) -> float:
   among the n, and the only rivals counted are the siblings of that path's nodes (known from
   teacher forcing); the subtrees below those siblings are left out, which can only let more
   of the path in."""
-  tokens = steps = 0
-  for v in rows:
-    t = 0
-    while t < len(v.ranks):
-      depth = min(n, len(v.ranks) - t)
-      path = np.cumprod(v.own[t:t + depth])  # [depth]: P_1..P_depth
-      before = np.concatenate([[1.0], path[:-1]])  # each node's parent's path probability
-      rivals = [before[k] * q for k in range(depth)
-                for j, q in enumerate(v.top[t + k][:n]) if j != v.ranks[t + k]]
-      rivals = np.asarray(rivals)
-      accepted = 0
-      for d in range(1, depth + 1):  # ancestors outrank their node; ties go to the path
-        if d - 1 + np.sum(rivals > path[d - 1]) >= n:
-          break
-        accepted = d
-      t, steps = t + accepted + 1, steps + 1
-    tokens += len(v.ranks)
-  return tokens / steps if steps else 1.0
+  def accepted(i, t):
+    v = rows[i]
+    depth = min(n, len(v.ranks) - t)
+    path = np.cumprod(v.own[t:t + depth])  # [depth]: P_1..P_depth
+    before = np.concatenate([[1.0], path[:-1]])  # each node's parent's path probability
+    rivals = np.asarray([before[k] * q for k in range(depth)
+                         for j, q in enumerate(v.top[t + k][:n]) if j != v.ranks[t + k]])
+    d = 0
+    while d < depth and d + np.sum(rivals > path[d]) < n:  # ancestors outrank their node;
+      d += 1  # ties go to the path
+    return d
+  return _replay([len(v.ranks) for v in rows], accepted)
 
 
 def copy_runs(enc_row: np.ndarray, tokens: np.ndarray, num: int,
