@@ -106,6 +106,21 @@ def _beta(p_logits, q_logits, cfg: sampling.SamplingConfig):
 _BETA = jax.jit(_beta, static_argnums=2)
 
 
+def teacher_forced_logits(models: Sequence[ModelAndParams], enc: np.ndarray,
+                          outputs: Sequence[np.ndarray], batch: int = 16):
+  """Per `batch` output rows (the last batch filled up with copies of its first row, so that
+  every batch has one shape and one compile): (its real rows, [each model's teacher-forced
+  logits [batch, L, V] on them])."""
+  dec_len = batching.bucket_length(max(len(o) for o in outputs))
+  for start in range(0, len(outputs), batch):
+    rows = list(outputs[start:start + batch])
+    n = len(rows)
+    e = batching.trim_batch(np.concatenate([enc[start:start + n],
+                                            np.repeat(enc[start:start + 1], batch - n, 0)]))
+    d = batching.pad_batch(rows + [rows[0]] * (batch - n), dec_len, min_len=dec_len)
+    yield rows, [_LOGITS(m[0], m[1], jnp.asarray(e), jnp.asarray(d)) for m in models]
+
+
 def betas(target: ModelAndParams, draft: ModelAndParams, enc: np.ndarray,
           outputs: Sequence[np.ndarray], cfg: sampling.SamplingConfig,
           batch: int = 16) -> np.ndarray:
@@ -113,19 +128,10 @@ def betas(target: ModelAndParams, draft: ModelAndParams, enc: np.ndarray,
 
   Distributions are `sampling.standardize`d with `cfg` (temperature; top-k/p if set).
   """
-  dec_len = batching.bucket_length(max(len(o) for o in outputs))
   found = []
-  for start in range(0, len(outputs), batch):
-    rows = list(outputs[start:start + batch])
-    n = len(rows)
-    rows += [rows[0]] * (batch - n)
-    e = batching.trim_batch(np.concatenate([enc[start:start + n],
-                                            np.repeat(enc[start:start + 1], batch - n, 0)]))
-    d = jnp.asarray(batching.pad_batch(rows, dec_len, min_len=dec_len))  # [batch, dec_len]
-    p = _LOGITS(target[0], target[1], jnp.asarray(e), d)
-    q = _LOGITS(draft[0], draft[1], jnp.asarray(e), d)
+  for rows, (p, q) in teacher_forced_logits((target, draft), enc, outputs, batch):
     b = np.asarray(_BETA(p, q, cfg))
-    found += [b[i, :len(rows[i])] for i in range(n)]
+    found += [b[i, :len(r)] for i, r in enumerate(rows)]
   return np.concatenate(found)
 
 

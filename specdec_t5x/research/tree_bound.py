@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import batching, tree_decoding
+from specdec_t5x.algorithm import tree_decoding
 from specdec_t5x.research import evaluation
 
 Path = Tuple[int, ...]
@@ -59,13 +59,9 @@ def views(draft, enc: np.ndarray, outputs: Sequence[np.ndarray],
           batch: int = 16) -> List[DraftView]:
   """Per output row (the target's tokens, cut after EOS), the draft's teacher-forced view of
   it: ranks, the probability of each token and the draft's TOP largest (softmax, T = 1)."""
-  dec_len = batching.bucket_length(max(len(o) for o in outputs))
   found = []
-  for start in range(0, len(outputs), batch):
-    rows = list(outputs[start:start + batch])
-    e = batching.trim_batch(enc[start:start + len(rows)])
-    d = batching.pad_batch(rows, dec_len, min_len=dec_len)  # [n, dec_len]
-    q = np.asarray(evaluation._LOGITS(draft[0], draft[1], jnp.asarray(e), jnp.asarray(d)))  # pylint: disable=protected-access
+  for rows, (q,) in evaluation.teacher_forced_logits((draft,), enc, outputs, batch):
+    q = np.asarray(q)
     for i, r in enumerate(rows):
       logits = q[i, :len(r)].astype(np.float64)
       probs = np.exp(logits - logits.max(axis=1, keepdims=True))
