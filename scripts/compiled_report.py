@@ -23,19 +23,24 @@ for _flag in ('--xla_force_host_platform_device_count=8', '--xla_backend_optimiz
   if _flag.split('=')[0] not in os.environ.get('XLA_FLAGS', ''):
     os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {_flag}".strip()
 
-from specdec_t5x.research import compiled_costs, compiled_tables, harness  # noqa: E402
+from specdec_t5x.research import (compiled_costs, compiled_tables, compiled_trees,  # noqa: E402
+                                  harness)
 
 
 def main(argv=None):
   argv = list(sys.argv[1:] if argv is None else argv)
   ap = harness.parser(__doc__, '')
   ap.add_argument('--tiny', action='store_true', help='tiny shapes: a CPU smoke run')
+  ap.add_argument('--trees', default='results/tree.json',
+                  help='tree results whose decodes are predicted at the paper\'s sizes '
+                       '(research/compiled_trees.py; empty: none)')
   args = ap.parse_args(argv)
   out = args.out or ('/tmp/compiled_report_tiny' if args.tiny else
                      harness.results_path(__file__, 'compiled_table2'))
   report = harness.Report(__file__, args, argv, out=out,
                           xla_flags=os.environ.get('XLA_FLAGS'))
-  report.data.update(compiled_costs.run(tiny=args.tiny))
+  trees = compiled_trees.load(args.trees) if args.trees else None
+  report.data.update(compiled_costs.run(tiny=args.tiny, trees=trees))
   print(report.write(compiled_tables.render(report)))
   return report.data
 

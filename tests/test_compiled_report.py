@@ -72,8 +72,9 @@ def test_partitioning_splits_the_target_and_only_then_communicates(tiny):
       assert not any(one[size]['programs'][name]['collectives'].values())
       assert rec['collectives']['all-reduce'] > 0, (size, name)
       assert rec['compiled']['flops'] < one[size]['programs'][name]['compiled']['flops']
-    assert set(one[size]['programs']) == ({'prefill', 'step_1', 'step_4', 'step_6', 'step_8'}
-                                          if size == 'xxl' else {'prefill', 'step_1'})
+    assert set(one[size]['programs']) == (  # the paper's rows, then results/tree.json's calls
+        {'prefill', 'step_1', 'step_4', 'step_6', 'step_8', 'step_3', 'tree_4', 'tree_6'}
+        if size == 'xxl' else {'prefill', 'step_1'})
   step = data['per_device_costs']['8']['xxl']['step_1']
   assert 0 < step['share']['bytes'] < 1 and 0 < step['share']['flops'] < 1
   assert step['bytes'] < data['per_device_costs']['1']['xxl']['step_1']['bytes']
@@ -87,6 +88,47 @@ def test_memory_grows_with_batch_and_shrinks_with_devices(tiny):
     for v in r['per_device'].values():
       for chip in compiled_costs.CHIPS:
         assert v['fits'][chip.name] == (v['resident_bytes'] <= chip.hbm_bytes)
+
+
+def _check_tree_predictions(data):
+  """Each decode of the tree results predicted by hand: tokens per call x t_step over its
+  verify call (a tree's over its nodes, a chain's over its positions) plus its draft calls,
+  and against the fastest chain of its task and temperature."""
+  trees = data['trees']
+  tree_rows = json.loads((REPO / trees['source']).read_text())['results']
+  assert [(r['task'], r['decode']) for r in trees['rows']] == [
+      (r['task'], r['decode']) for r in tree_rows]
+  for key in ('TPU v4 x1', 'H200 x8'):
+    chip, n = key.split(' x')
+    t = data['call_seconds'][n][chip]
+    best = {}
+    for r in trees['rows']:
+      k, calls = r['verified_positions'], r['draft_calls']
+      is_tree = '+' in r['decode']  # g<gamma>+c<n> / +s<k>: a copy branch or siblings
+      assert r['tree'] == is_tree
+      verify = t['xxl'][f"{'tree' if is_tree else 'step'}_{k}"]
+      want = r['mean_tokens_per_target_call'] * t['xxl']['step_1'] / (
+          verify + calls * t['small']['step_1'])
+      assert r['predicted'][key]['speedup_vs_ar'] == pytest.approx(want)
+      if not is_tree:
+        cell = (r['task'], r['temperature'])
+        best[cell] = max(best.get(cell, 0.0), want)
+    for r in trees['rows']:
+      assert r['predicted'][key]['speedup_vs_best_chain'] == pytest.approx(
+          r['predicted'][key]['speedup_vs_ar'] / best[(r['task'], r['temperature'])])
+
+
+def test_trees_are_predicted_with_their_own_verify_calls(tiny):
+  """A tree call of k nodes is compiled apart from the k-position chain call, and costs
+  about as much (the same products; its attention layout adds a little)."""
+  data, text = tiny
+  _check_tree_predictions(data)
+  costs = data['per_device_costs']['1']['xxl']
+  for k in (4, 6):
+    assert costs[f'tree_{k}']['bytes'] == pytest.approx(costs[f'step_{k}']['bytes'], rel=0.05)
+    assert costs[f'step_{k}']['flops'] <= costs[f'tree_{k}']['flops'] < 1.2 * costs[
+        f'step_{k}']['flops']
+  assert "## Draft trees at the paper's sizes (predicted)" in text
 
 
 def test_markdown_is_labelled_as_predictions(tiny):
@@ -123,6 +165,7 @@ def test_committed_results_are_what_the_readme_quotes():
   assert f'off by {np.mean(errors):.2f}x on average, {max(errors):.2f}x at most' in quoted
   assert f'| TPU v4 / H200 (predicted, not measured) | {quoted} |' in readme
   _check_predictions(data)
+  _check_tree_predictions(data)
   speedups = [p['speedup'] for r in data['table2'] for p in r['predicted'].values()]
   assert all(np.isfinite(speedups)) and min(speedups) > 1  # memory-bound steps at XXL
 

@@ -10,7 +10,10 @@ never added: `decode_variables` is not called). The programs are the decode path
 
 * prefill: encode + init_cache over the input (once per sequence and model);
 * step k: one cached decoder call over k positions (`extend`, cache donated): k = 1 is a
-  target or draft step, k = gamma + 1 the target's verification of a speculative step.
+  target or draft step, k = gamma + 1 the target's verification of a speculative step;
+* tree k: the same call over a draft tree of k nodes (`extend(..., tree=parents)`, the
+  parents an argument: one program for every tree shape), the target's verification of a
+  tree step (research/compiled_trees.py).
 
 Per program it records `lowered.cost_analysis()` (the HLO as JAX emits it, before any
 backend pass: the whole program's flops and bytes), `compiled.cost_analysis()` and
@@ -45,7 +48,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from typing import Any, Dict, Mapping, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from flax import traverse_util
 from flax.linen import partitioning as nn_partitioning
@@ -56,7 +59,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from specdec_t5x.algorithm import cpu_kernels, network, theory
 from specdec_t5x.integration import partitioning
-from specdec_t5x.research import paper
+from specdec_t5x.research import compiled_trees, paper
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,11 +188,12 @@ def _record(lowered) -> Dict[str, Any]:
 
 
 def compile_model(cfg: network.T5Config, mesh: Mesh, ks: Sequence[int], enc_len: int,
-                  cache_len: int, cache_lens: Sequence[int] = (), batches: Sequence[int] = ()
-                  ) -> Dict[str, Any]:
-  """One model's programs on `mesh` at batch 1: prefill and a step over each k in `ks`.
+                  cache_len: int, cache_lens: Sequence[int] = (), batches: Sequence[int] = (),
+                  tree_ks: Sequence[int] = ()) -> Dict[str, Any]:
+  """One model's programs on `mesh` at batch 1: prefill, a step over each k in `ks` and a
+  tree call over each k in `tree_ks`.
 
-  Returns {'programs': {'prefill' | 'step_<k>': record}, 'param_bytes': per device,
+  Returns {'programs': {'prefill' | 'step_<k>' | 'tree_<k>': record}, 'param_bytes': per device,
   'cache_bytes': {batch: {cache_len: per device}} for `batches` x `cache_lens` (the cache
   placed by `cache_shardings`)}.
   """
@@ -203,8 +207,8 @@ def compile_model(cfg: network.T5Config, mesh: Mesh, ks: Sequence[int], enc_len:
     encoded = module.apply({'params': p}, e, method='encode')
     return module.apply({'params': p}, encoded, e, cache_len, method='init_cache')
 
-  def step(p, cache, tokens, positions):
-    return module.apply({'params': p}, cache, tokens, positions, method='extend')
+  def step(p, cache, tokens, positions, parents=None):
+    return module.apply({'params': p}, cache, tokens, positions, tree=parents, method='extend')
 
   with cpu_kernels.accelerator_forms():  # an accelerator's program, though lowered on CPU
     cache = jax.eval_shape(prefill, params, enc)
@@ -218,6 +222,12 @@ def compile_model(cfg: network.T5Config, mesh: Mesh, ks: Sequence[int], enc_len:
       fn = jax.jit(step, in_shardings=(p_sh, cache_sh, replicated, replicated),
                    out_shardings=(None, cache_sh), donate_argnums=1)
       programs[f'step_{k}'] = _record(fn.lower(params, cache, tokens, positions))
+    for k in tree_ks:
+      tokens = jax.ShapeDtypeStruct((1, k), jnp.int32)
+      positions = jax.ShapeDtypeStruct((1,), jnp.int32)
+      fn = jax.jit(step, in_shardings=(p_sh, cache_sh, replicated, replicated, replicated),
+                   out_shardings=(None, cache_sh), donate_argnums=1)
+      programs[f'tree_{k}'] = _record(fn.lower(params, cache, tokens, positions, tokens))
   cache_bytes = {}
   for batch in batches:
     e = jax.ShapeDtypeStruct((batch, enc_len), jnp.int32)
@@ -298,24 +308,32 @@ def predict(models: Mapping[int, Mapping[str, Any]], target: str = paper.TARGET,
           'table2': rows, 'memory': memory}
 
 
-def run(tiny: bool = False, num_partitions: Sequence[int] = (1, 8)) -> Dict[str, Any]:
+def run(tiny: bool = False, num_partitions: Sequence[int] = (1, 8),
+        trees: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
   """Compiles every size for each partition count (1 among them: the per-device shares
-  are relative to it) and predicts; returns the report's data."""
+  are relative to it) and predicts; returns the report's data. `trees`
+  (compiled_trees.load): the target's calls its decodes verify are compiled too, and its
+  rows predicted (data['trees'])."""
   if 1 not in num_partitions:
     raise ValueError(f'num_partitions must include 1, got {num_partitions}.')
   enc_len, target_len = TINY_LENGTHS if tiny else (INPUT_LEN, TARGET_LEN)
   gammas = sorted({row.gamma for row in paper.TABLE_2})
   cache_lens = [target_len + g + 1 for g in gammas]
+  chain_ks, tree_ks = compiled_trees.call_sizes(trees['rows']) if trees else ([], [])
+  target_ks = sorted({1, *chain_ks, *(g + 1 for g in gammas)})
   cfgs = configs(tiny)
   models: Dict[int, Dict[str, Any]] = {}
   for n in num_partitions:
     mesh = host_mesh(n)
     models[n] = {size: compile_model(
-        cfg, mesh, [1] + ([g + 1 for g in gammas] if size == paper.TARGET else []), enc_len,
-        max(cache_lens), cache_lens, BATCHES) for size, cfg in cfgs.items()}
+        cfg, mesh, target_ks if size == paper.TARGET else [1], enc_len, max(cache_lens),
+        cache_lens, BATCHES, tree_ks if size == paper.TARGET else ())
+        for size, cfg in cfgs.items()}
   out = {'lengths': {'input': enc_len, 'target': target_len, 'cache': max(cache_lens)},
          'chips': [dataclasses.asdict(c) for c in CHIPS],
          'configs': {size: str(cfg) for size, cfg in cfgs.items()},
          'models': {str(n): m for n, m in models.items()}}
   out.update(predict(models, target_len=target_len))
+  if trees:
+    out['trees'] = dict(trees, rows=compiled_trees.predict(out['call_seconds'], trees['rows']))
   return json.loads(json.dumps(out))  # exactly what the JSON file holds (string keys)

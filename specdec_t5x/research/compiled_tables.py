@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
-from specdec_t5x.research import harness
+from specdec_t5x.research import compiled_trees, harness
 
 GB = 1e9
 GIB = 2 ** 30
@@ -143,4 +143,5 @@ def render(report: harness.Report) -> List[str]:
             'and caches; GiB, and whether it fits each chip)', '',
             "Temporaries are not predicted (XLA:CPU's are float32 copies of the weights); the "
             "JSON holds each chip's headroom for them.", '']
-  return lines + _memory_lines(data) + ['']
+  lines += _memory_lines(data) + ['']
+  return lines + compiled_trees.lines(data.get('trees'))
