@@ -21,7 +21,10 @@ pytestmark = pytest.mark.slow  # audits for speed: not an exactness guard
 
 
 _CHILD = textwrap.dedent('''
-    import json
+    import json, os
+    # Compiled to be read, never run: LLVM's optimisation of the CPU code is skipped (the
+    # optimised HLO audited here is XLA's, the same at every backend level).
+    os.environ['XLA_FLAGS'] += ' --xla_backend_optimization_level=0'
     import jax, jax.numpy as jnp, numpy as np
     from specdec_t5x.algorithm import api, network
     from specdec_t5x.algorithm.config import DecodeConfig
