@@ -216,18 +216,13 @@ def compile_model(cfg: network.T5Config, mesh: Mesh, ks: Sequence[int], enc_len:
     programs: Dict[str, Any] = {}
     programs['prefill'] = _record(jax.jit(
         prefill, in_shardings=(p_sh, replicated), out_shardings=cache_sh).lower(params, enc))
-    for k in ks:
+    positions = jax.ShapeDtypeStruct((1,), jnp.int32)
+    for name, k in [('step', k) for k in ks] + [('tree', k) for k in tree_ks]:
       tokens = jax.ShapeDtypeStruct((1, k), jnp.int32)
-      positions = jax.ShapeDtypeStruct((1,), jnp.int32)
-      fn = jax.jit(step, in_shardings=(p_sh, cache_sh, replicated, replicated),
-                   out_shardings=(None, cache_sh), donate_argnums=1)
-      programs[f'step_{k}'] = _record(fn.lower(params, cache, tokens, positions))
-    for k in tree_ks:
-      tokens = jax.ShapeDtypeStruct((1, k), jnp.int32)
-      positions = jax.ShapeDtypeStruct((1,), jnp.int32)
-      fn = jax.jit(step, in_shardings=(p_sh, cache_sh, replicated, replicated, replicated),
-                   out_shardings=(None, cache_sh), donate_argnums=1)
-      programs[f'tree_{k}'] = _record(fn.lower(params, cache, tokens, positions, tokens))
+      tree = (tokens,) if name == 'tree' else ()  # the parents [1, k], as the tokens
+      fn = jax.jit(step, in_shardings=(p_sh, cache_sh, replicated, replicated) + (
+          replicated,) * len(tree), out_shardings=(None, cache_sh), donate_argnums=1)
+      programs[f'{name}_{k}'] = _record(fn.lower(params, cache, tokens, positions, *tree))
   cache_bytes = {}
   for batch in batches:
     e = jax.ShapeDtypeStruct((batch, enc_len), jnp.int32)
