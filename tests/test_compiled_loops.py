@@ -2,7 +2,7 @@
 
 XLA's dot path (as accelerators get it) on 8 fake CPU devices, with T5X's partitioning
 (num_partitions 8: one head per device; 1: data parallel), batch 1 and 8, autoregressive,
-speculative and over a draft tree: the while bodies may copy or transpose per-call activations, never a
+speculative and over draft trees (static and dynamic): the while bodies may copy or transpose per-call activations, never a
 buffer as large as a cache the loop carries or a weight.
 """
 import textwrap
@@ -50,10 +50,12 @@ _CHILD = textwrap.dedent('''
         # autoregressive cache's slots (max_len positions, one more, and position -1).
         rows = x.sharding.shard_shape(x.shape)[0]
         cache = rows * (8 // parts) * 16 * (32 + 2)
-        # the chain, and a draft tree (chain + copy branch + a sibling: tree_decoding.py)
+        # the chain, a draft tree (chain + copy branch + a sibling: tree_decoding.py) and
+        # the draft's dynamic tree (its tree calls: dynamic_tree.py)
         for name, drafted, config in (
             ('ar', None, DecodeConfig(gamma=3)), ('spec', draft, DecodeConfig(gamma=3)),
-            ('tree', draft, DecodeConfig(gamma=3, copy_branch=2, draft_siblings=1))):
+            ('tree', draft, DecodeConfig(gamma=3, copy_branch=2, draft_siblings=1)),
+            ('dynamic', draft, DecodeConfig(gamma=3, draft_tree_width=2))):
           fn = api._compiled(target[0], drafted and drafted[0], max_len=32, config=config)
           args = (api.decode_variables(target[0], part.shard_params(target[1])),
                   drafted and api.decode_variables(drafted[0], part.shard_params(drafted[1])),
@@ -67,7 +69,7 @@ _CHILD = textwrap.dedent('''
 @pytest.mark.slow  # a subprocess on 8 host devices
 def test_no_whole_buffer_copies_in_the_decode_loops_on_8_devices():
   out = run_child(_CHILD, host_devices=8, timeout=900, SPECDEC_CPU_KERNELS='0')
-  assert len(out) == 12
+  assert len(out) == 16
   for key, found in out.items():
     assert found['whole_buffer'] == [], (key, found)
 

@@ -19,8 +19,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from specdec_t5x.algorithm import (checks, cpu_bf16, cpu_kernels, decoding, feature_draft,
-                                   layers, network, tree_decoding)
+from specdec_t5x.algorithm import (checks, cpu_bf16, cpu_kernels, decoding, dynamic_tree,
+                                   feature_draft, layers, network, tree_decoding)
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.algorithm.programs import BoundProgram, memoized_program
 from specdec_t5x.algorithm.stats import DecodeStats
@@ -258,6 +258,11 @@ def decode_program(target_module, draft_module, *, max_len: int, config: DecodeC
       draft_encoded = draft_module.apply(draft_vars, encoder_tokens, method='encode')
     draft_cache = draft_module.apply(draft_vars, draft_encoded, encoder_tokens, cache_len,
                                      method='init_cache')
+    if config.draft_tree_width:
+      return dynamic_tree.dynamic_tree_decode(
+          target_fn, wrap('draft', _extend_fn(draft_module, draft_vars)), target_cache,
+          draft_cache, rng, batch=batch, max_len=max_len, config=config, eos_id=eos_id,
+          prompt=prompt, settings=settings)
     if config.tree:
       return tree_decoding.tree_speculative_decode(
           target_fn, wrap('draft', _extend_fn(draft_module, draft_vars)), target_cache,
@@ -365,7 +370,8 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
                        '(models.py, auto_gamma.py); generate needs an integer gamma.')
     check_vocab_sizes(target_module, draft_module)
     check_feature_draft(target_module, draft_module)
-  why = tree_decoding.check(config, reads_features(draft_module), draft is not None)
+  why = tree_decoding.check(config, reads_features(draft_module), draft is not None,
+                           isinstance(draft_module, network.Transformer))
   if why:
     raise ValueError(why)
   rng = jax.random.PRNGKey(0) if rng is None else rng

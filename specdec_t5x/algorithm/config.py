@@ -106,6 +106,12 @@ class DecodeConfig:
       target call, tree_decoding.py; exact): k (k at every depth 1..gamma) or a tuple of
       per-depth counts (k_1, k_2, ...), at most gamma of them; 0 or () = none. The same
       settings as copy_branch only.
+    draft_tree_width: W >= 1: the draft grows a tree of gamma levels instead of a chain,
+      EAGLE-2's expansion (dynamic_tree.py; exact): at each depth the W nodes of largest
+      draft path probability among the children (the draft's W most likely tokens) of
+      the level above, found by one draft tree call per level; 1 + W * gamma nodes
+      verified in one target call. 0 = none. Not with copy_branch or draft_siblings; the
+      same settings as they, and a draft that is a T5 model (network.Transformer).
     cpu_kernels: on the CPU backend, which kernels the decode path runs
       (cpu_kernels.MODES): 'packed' (the packed matmul and row kernels, bfloat16 panels
       where bfloat16 holds the weights exactly), 'packed_f32' (float32 panels only),
@@ -125,6 +131,7 @@ class DecodeConfig:
   cpu_kernels: Optional[str] = None
   copy_branch: int = 0
   draft_siblings: Union[int, Tuple[int, ...]] = ()
+  draft_tree_width: int = 0
 
   def __post_init__(self):
     set_ = lambda name, value: object.__setattr__(self, name, value)
@@ -173,8 +180,18 @@ class DecodeConfig:
                        f'copy branch; 0 = none), got {self.copy_branch!r}.')
     set_('copy_branch', copy_branch)
     set_('draft_siblings', self._siblings())
+    width = _integer(self.draft_tree_width)
+    if width is None or not 0 <= width <= MAX_SIBLINGS:
+      raise ValueError(f'draft_tree_width must be an integer in [0, {MAX_SIBLINGS}] (nodes '
+                       f'per level of the draft\'s tree; 0 = none), got '
+                       f'{self.draft_tree_width!r}.')
+    set_('draft_tree_width', width)
+    if width and (self.copy_branch or self.draft_siblings or self.gamma == 'auto'):
+      raise ValueError('draft_tree_width (the draft\'s own tree) takes an integer gamma and '
+                       'neither copy_branch nor draft_siblings.')
     if self.tree and (self.verifier != 'token' or policy.kind != 'fixed' or self.lossy):
-      raise ValueError("copy_branch and draft_siblings (a draft tree) are verified with "
+      raise ValueError("copy_branch, draft_siblings and draft_tree_width (a draft tree) "
+                       "are verified with "
                        "verifier='token', gamma_policy='fixed' and lenience=1 only.")
 
   def _siblings(self) -> Tuple[int, ...]:
@@ -198,12 +215,16 @@ class DecodeConfig:
 
   @property
   def tree(self) -> bool:
-    """True when a step verifies a draft tree (copy_branch or draft_siblings set)."""
-    return bool(self.copy_branch or self.draft_siblings)
+    """True when a step verifies a draft tree (copy_branch, draft_siblings or
+    draft_tree_width set)."""
+    return bool(self.copy_branch or self.draft_siblings or self.draft_tree_width)
 
   @property
   def tree_nodes(self) -> int:
-    """Draft tokens one step verifies: gamma + copy_branch + the siblings (an int gamma)."""
+    """Draft tokens one step verifies: gamma + copy_branch + the siblings, or W * gamma
+    for the draft's own tree (an int gamma)."""
+    if self.draft_tree_width:
+      return self.draft_tree_width * self.gamma
     return self.gamma + self.copy_branch + sum(self.draft_siblings)
 
   def check_models(self, *, vocab_size: Optional[int], max_decode_length: int,
@@ -218,6 +239,9 @@ class DecodeConfig:
     if speculative and self.gamma != 'auto' and self.gamma > max_decode_length:
       raise ValueError(f'gamma must be <= max_decode_length ({max_decode_length}): a step '
                        f'never drafts more tokens than the decode holds; got {self.gamma}.')
+    if vocab_size is not None and self.draft_tree_width > vocab_size:
+      raise ValueError(f'draft_tree_width must be <= the vocabulary size ({vocab_size}), got '
+                       f'{self.draft_tree_width}.')
     if vocab_size is not None and max(self.draft_siblings, default=0) >= vocab_size:
       raise ValueError(f'draft_siblings must be < the vocabulary size ({vocab_size}) at '
                        f'every depth, got {self.draft_siblings}.')
@@ -252,7 +276,7 @@ class DecodeConfig:
 
   def describe(self) -> Dict[str, Any]:
     """JSON-friendly settings (metrics.json's run settings). gamma_alpha only for
-    gamma='auto', gamma_policy only when not 'fixed', copy_branch and draft_siblings only when set, so
+    gamma='auto', gamma_policy only when not 'fixed', the tree settings only when set, so
     runs without them keep the settings they always had."""
     out: Dict[str, Any] = {'gamma': self.gamma}
     if self.gamma == 'auto':
@@ -266,4 +290,6 @@ class DecodeConfig:
       out['copy_branch'] = self.copy_branch
     if self.draft_siblings:
       out['draft_siblings'] = list(self.draft_siblings)
+    if self.draft_tree_width:
+      out['draft_tree_width'] = self.draft_tree_width
     return out

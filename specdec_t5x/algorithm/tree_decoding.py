@@ -207,41 +207,63 @@ def tree_speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cach
       path, n_acc, dist = tree_accept.accept_sampled(parents, tokens, sampled, valid, p, q,
                                                      uniforms, depth_max)
       token = sampling.sample(keys[:, gamma + 1], dist)
-    bad = jnp.any(bad, axis=1)
-    target_cache = tree.compact(target_cache, s.length, path)
-    accepted = jnp.take_along_axis(tokens, path[:, 1:], axis=1)  # [b, D]
-    candidates = jnp.concatenate([accepted, jnp.zeros((batch, 1), jnp.int32)], 1)
-    candidates = jnp.where(jnp.arange(depth_max + 1)[None, :] == n_acc[:, None],
-                           token[:, None], candidates)  # [b, D + 1]
-    end = jnp.take_along_axis(path, n_acc[:, None], axis=1)  # [b, 1] the last accepted node
-    leaf = ~jnp.any(valid & (parents == end), axis=1)
-    verified = jnp.sum(valid[:, 1:], axis=1).astype(jnp.int32)  # candidates tested at most
-    # [b] the tree's depth: chain node t sits at depth t, copy node j at j + 1 (tree_layout),
-    # a sibling at its chain node's
+    # [N] each node's depth: chain node t at t, copy node j at j + 1 (tree_layout), a
+    # sibling at its chain node's
     node_depth = jnp.array([0] + list(range(1, gamma + 1)) + list(range(1, c + 1))
                            + sibling_depth)
-    depth = jnp.max(jnp.where(valid, node_depth[None, :], 0), axis=1)
-    # [b, 3] the accepted path's nodes by what proposed them (stats.SOURCES)
-    on_path = jnp.arange(1, depth_max + 1)[None, :] <= n_acc[:, None]  # [b, D]
-    kinds = jnp.take(node_kind, path[:, 1:])  # [b, D]
-    by_source = jnp.sum(jax.nn.one_hot(kinds, 3, dtype=jnp.int32) * on_path[:, :, None], axis=1)
-    st = count_step(s.stats, active, drafted=verified, accepted=n_acc, draft_length=depth,
-                    outcome=jnp.where(leaf, 2, jnp.minimum(n_acc, 1)), tested=verified > 0,
-                    bad=bad, draft_bad=draft_bad, by_source=by_source)
-    s = s.replace(rng=rng, target_cache=target_cache, draft_cache=draft_cache, stats=st)
-    return _emit(s, candidates, n_acc + 1, max_len, eos_id)
+    return commit(s, tokens, layout, path, n_acc, token, node_depth, node_kind,
+                  bad=jnp.any(bad, axis=1), draft_bad=draft_bad, target_cache=target_cache,
+                  draft_cache=draft_cache, rng=rng, max_len=max_len, eos_id=eos_id)
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
   return _finish(state, max_len, prompt)
 
 
-def check(config: DecodeConfig, draft_reads_features: bool, speculative: bool) -> Optional[str]:
-  """Why a draft tree cannot be verified with these settings (None: it can)."""
+def commit(s, tokens, layout, path, n_acc, token, node_depth, node_kind, *, bad, draft_bad,
+           target_cache, draft_cache, rng, max_len: int, eos_id: int):
+  """A tree step's end, once its path is accepted: tokens [b, N] (the root's first),
+  layout's (parents, nodes, valid, sampled) [b, N], path [b, D + 1] and n_acc [b]
+  (tree_accept's), token [b] (the correction or bonus), node_depth [N] and node_kind [N]
+  (stats.SOURCES) of every node, the rows' nonfinite flags bad, draft_bad [b]. The
+  target's cache is compacted to the path, the path's tokens and `token` are emitted and
+  the step counted (verified: the valid nodes; draft length: the tree's valid depth)."""
+  parents, _, valid, _ = layout
+  batch, depth_max = tokens.shape[0], path.shape[1] - 1
+  active = ~s.done
+  target_cache = tree.compact(target_cache, s.length, path)
+  accepted = jnp.take_along_axis(tokens, path[:, 1:], axis=1)  # [b, D]
+  candidates = jnp.concatenate([accepted, jnp.zeros((batch, 1), jnp.int32)], 1)
+  candidates = jnp.where(jnp.arange(depth_max + 1)[None, :] == n_acc[:, None],
+                         token[:, None], candidates)  # [b, D + 1]
+  end = jnp.take_along_axis(path, n_acc[:, None], axis=1)  # [b, 1] the last accepted node
+  leaf = ~jnp.any(valid & (parents == end), axis=1)
+  verified = jnp.sum(valid[:, 1:], axis=1).astype(jnp.int32)  # candidates tested at most
+  depth = jnp.max(jnp.where(valid, node_depth[None, :], 0), axis=1)  # [b] the tree's depth
+  # [b, 3] the accepted path's nodes by what proposed them (stats.SOURCES)
+  on_path = jnp.arange(1, depth_max + 1)[None, :] <= n_acc[:, None]  # [b, D]
+  kinds = jnp.take(node_kind, path[:, 1:])  # [b, D]
+  by_source = jnp.sum(jax.nn.one_hot(kinds, 3, dtype=jnp.int32) * on_path[:, :, None], axis=1)
+  st = count_step(s.stats, active, drafted=verified, accepted=n_acc, draft_length=depth,
+                  outcome=jnp.where(leaf, 2, jnp.minimum(n_acc, 1)), tested=verified > 0,
+                  bad=bad, draft_bad=draft_bad, by_source=by_source)
+  s = s.replace(rng=rng, target_cache=target_cache, draft_cache=draft_cache, stats=st)
+  return _emit(s, candidates, n_acc + 1, max_len, eos_id)
+
+
+def check(config: DecodeConfig, draft_reads_features: bool, speculative: bool,
+          draft_is_model: bool = True) -> Optional[str]:
+  """Why a draft tree cannot be verified with these settings (None: it can).
+  `draft_is_model`: the draft is a T5 model (network.Transformer), whose calls take a tree
+  (what draft_tree_width's draft tree calls need)."""
   if not config.tree:
     return None
-  what = ' and '.join(name for name in ('copy_branch', 'draft_siblings') if getattr(config, name))
+  what = ' and '.join(name for name in ('copy_branch', 'draft_siblings', 'draft_tree_width')
+                      if getattr(config, name))
   if not speculative:
     return f'{what} needs a draft (its chain is the tree\'s first branch).'
   if draft_reads_features:
     return f'{what} is verified beside a token draft\'s chain, not a feature head\'s.'
+  if config.draft_tree_width and not draft_is_model:
+    return (f'{what} grows the tree with draft tree calls: the draft must be a T5 model '
+            '(network.Transformer), not an n-gram or copy draft.')
   return None

@@ -180,6 +180,25 @@ def _tree(d):
   return 'greedy tokens per target call, best of each: ' + '; '.join(parts)
 
 
+def _dynamic_tree(d):
+  """Greedy tokens per target call: per task, the dynamic tree that gains most over the
+  chain verifying as many positions."""
+  parts = []
+  for task in dict.fromkeys(r['task'] for r in d['results']):
+    rows = [r for r in d['results'] if r['task'] == task and r['decode'] != 'AR'
+            and not r.get('temperature')]
+    chains = {r['verified_positions']: r for r in rows if '+' not in r['decode']}
+    pairs = [(r['mean_tokens_per_target_call'] / chains[r['verified_positions']][
+        'mean_tokens_per_target_call'], r, chains[r['verified_positions']])
+             for r in rows if '+' in r['decode'] and r['verified_positions'] in chains]
+    ratio, tree, chain = max(pairs, key=lambda x: x[0])
+    parts.append(f"{task}: {tree['decode']} {tree['mean_tokens_per_target_call']:.2f} vs "
+                 f"{chain['decode']} {chain['mean_tokens_per_target_call']:.2f} "
+                 f"({ratio:.2f}x, {tree['verified_positions']} positions)")
+  return ('greedy tokens per target call, the best dynamic tree over the chain of as many '
+          'positions: ' + '; '.join(parts))
+
+
 def _tree_bound(d):
   """Per task and draft, at 4 verified positions: the best static tree (siblings, searched,
   or with a copy branch) and the dynamic bound, over the chain."""
@@ -242,7 +261,7 @@ HEADLINES: Dict[str, Callable[[Dict[str, Any]], str]] = {
     'decode_costs_bf16': _decode_costs, 'cpu_kernels': _cpu_kernels,
     'peers': _peers, 'block_verification': _block,
     'adaptive_gamma': _best_of('speedup_vs_ar'), 'copy_draft': _best_of('speedup_vs_ar'), 'tree': _tree,
-    'tree_bound': _tree_bound,
+    'tree_bound': _tree_bound, 'dynamic_tree': _dynamic_tree,
     'batch_throughput': _batch, 'lenience': _best_of('speedup_vs_ar'),
     'loop_efficiency': _loop_efficiency, 'loop_efficiency_batch8': _loop_efficiency,
     'loop_efficiency_t5_1_1_small': _loop_efficiency,

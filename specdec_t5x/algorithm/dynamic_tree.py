@@ -1,0 +1,112 @@
+"""Speculative decoding over the draft's own DYNAMIC tree (EAGLE-2's expansion, here for an
+encoder-decoder draft), verified in one target call.
+
+Each step (per row with n tokens so far) the draft grows a tree of gamma levels of W nodes
+(config.draft_tree_width): N = 1 + W * gamma nodes in tree.py's layout (parents [b, N],
+node 0 the root y_{n-1}; level d holds nodes 1 + W (d - 1) .. W d):
+  * the draft's first call re-feeds the last gamma + 1 tokens (positions n - gamma .. n,
+    as tree_decoding's does: the accepted path may have left any branch) and gives its
+    distribution after the root; level 1 is its W most likely tokens;
+  * level d + 1: one draft TREE call over the nodes so far (`extend(..., tree=parents)`:
+    each node at its depth's position, seeing the prefix and its ancestors) gives the
+    draft's distribution after each node of level d; of the W x V children the W of
+    largest path probability (the product of the draft's probabilities down the path)
+    become level d + 1, best first.
+The draft ranks by its own softmax (temperature 1) whatever the sampling settings. Every
+node is then a fixed guess that depends on the row's committed tokens alone, so
+tree_accept's rules are exact: greedy accepts the longest path of the target's argmaxes
+(equal to greedy decoding token for token); sampled walks the tree by recursive rejection,
+removing each rejected guess from the residual before its siblings (exact for every
+temperature, top-k and top-p). A level past the row's room is void. The step ends as
+tree_decoding's (`commit`): the path and the correction or bonus token are emitted, and
+`tree.compact` moves the path's keys and values into place in the target's cache. The
+draft's tree calls write beyond the committed prefix only; its next first call rewrites
+the positions the accepted path took.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_t5x.algorithm import rows, sampling, tree_accept
+from specdec_t5x.algorithm.config import DecodeConfig
+from specdec_t5x.algorithm.decoding import (ExtendFn, _finish, _init_state, _split_keys,
+                                            _with_prompt)
+from specdec_t5x.algorithm.stats import DecodeStats
+from specdec_t5x.algorithm.tree_decoding import commit
+
+
+def grow(frontier_logits, scores, tokens, parents, width: int):
+  """One level of the tree: frontier_logits [b, F, V] (the draft after each of the last F
+  nodes), scores [b, F] (their log path probabilities), tokens and parents [b, M] (the
+  nodes so far, the frontier last) -> (scores [b, W], tokens and parents [b, M + W]): the
+  W children of largest log path probability, best first (ties: the earlier parent, then
+  the lower id)."""
+  b, f, v = frontier_logits.shape
+  logq = jax.nn.log_softmax(frontier_logits.astype(jnp.float32), axis=-1)
+  best, index = jax.lax.top_k((scores[:, :, None] + logq).reshape(b, f * v), width)
+  parent = tokens.shape[1] - f + index // v  # [b, W] the frontier node it grows from
+  return (best, jnp.concatenate([tokens, (index % v).astype(jnp.int32)], axis=1),
+          jnp.concatenate([parents, parent.astype(jnp.int32)], axis=1))
+
+
+def dynamic_tree_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, draft_cache,
+                        rng, *, batch: int, max_len: int, config: DecodeConfig, eos_id: int,
+                        prompt=None, settings: Optional[sampling.Sampling] = None
+                        ) -> Tuple[jax.Array, DecodeStats]:
+  """decoding.speculative_decode with the draft's dynamic tree of config.gamma levels of
+  config.draft_tree_width nodes (the module docstring). draft_fn takes a tree (a T5
+  model's extend). Returns (tokens [b, max_len], stats); the length histograms have
+  gamma + 1 entries. `settings`: as decoding.speculative_decode's."""
+  gamma, width, cfg = config.gamma, config.draft_tree_width, settings or config.sampling
+  num_nodes = 1 + width * gamma
+  state = _init_state(batch, max_len, num_nodes, rng, target_cache, draft_cache, gamma)
+  if prompt is not None:
+    state = _with_prompt(state, prompt, max_len, target_fn, draft_fn)
+  level = np.repeat(np.arange(1, gamma + 1), width)  # [N - 1] each node's depth
+  node_depth = jnp.asarray(np.concatenate([[0], level]))
+  node_kind = jnp.zeros((num_nodes,), jnp.int32)  # every node the draft's (stats.SOURCES)
+
+  def body(s):
+    rng, keys = _split_keys(s.rng, 2, cfg)  # uniforms, correction
+    room = jnp.where(~s.done, max_len - s.length - 1, 0)  # [b] tokens that can be drafted
+    limit = jnp.minimum(room, gamma)
+    # The draft re-reads the last gamma + 1 tokens (positions start .. start + gamma).
+    start = jnp.maximum(s.length - gamma, -1)
+    logits, draft_cache = draft_fn(s.draft_cache, rows.window(s.seq, start + 1, gamma + 1),
+                                   start)
+    frontier = jnp.take_along_axis(logits, (s.length - start)[:, None, None], axis=1)
+    tokens = rows.window(s.seq, s.length + 1, 1)  # [b, 1] the root
+    parents = jnp.full((batch, 1), -1, jnp.int32)
+    scores = jnp.zeros((batch, 1), jnp.float32)
+    draft_bad = jnp.zeros((batch,), bool)
+    for d in range(gamma):
+      if d:  # the draft after each node of level d, from one call over the tree so far
+        logits, draft_cache = draft_fn(draft_cache, tokens, s.length, False, (), parents)
+        frontier = logits[:, -width:]
+      draft_bad |= ~jnp.all(jnp.isfinite(frontier), axis=(1, 2))
+      scores, tokens, parents = grow(frontier, scores, tokens, parents, width)
+    valid = jnp.concatenate([jnp.ones((batch, 1), bool),
+                             jnp.asarray(level)[None, :] <= limit[:, None]], axis=1)
+    logits, target_cache = target_fn(s.target_cache, tokens, s.length, False, (), parents)
+    if cfg.greedy:
+      best, bad = sampling.argmax_checked(logits)  # [b, N] each
+      path, n_acc, token = tree_accept.accept_greedy(parents, tokens, best, valid, gamma)
+    else:
+      p, bad = sampling.standardize_checked(logits, cfg)  # [b, N, V]
+      guesses = jnp.zeros((batch, num_nodes), bool)  # no node is drawn from q
+      uniforms = jax.vmap(lambda k: jax.random.uniform(k, (num_nodes,)))(keys[:, 0])
+      path, n_acc, dist = tree_accept.accept_sampled(parents, tokens, guesses, valid, p,
+                                                     jnp.zeros_like(p), uniforms, gamma)
+      token = sampling.sample(keys[:, 1], dist)
+    layout = (parents, tokens[:, 1:], valid, jnp.zeros((batch, num_nodes), bool))
+    return commit(s, tokens, layout, path, n_acc, token, node_depth, node_kind,
+                  bad=jnp.any(bad, axis=1), draft_bad=draft_bad, target_cache=target_cache,
+                  draft_cache=draft_cache, rng=rng, max_len=max_len, eos_id=eos_id)
+
+  state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+  return _finish(state, max_len, prompt)

@@ -1,0 +1,131 @@
+"""The draft's own dynamic tree (DecodeConfig.draft_tree_width; algorithm/dynamic_tree.py):
+each step the draft grows gamma levels of W nodes, each level the W children of largest
+draft path probability, one draft tree call per level, and ONE target call verifies all
+1 + W * gamma nodes, exactly.
+
+* Greedy: token for token the target's greedy decoding (batch 1 and 3, EOS mid-batch, a
+  decoder prompt, W 1..3, gamma 1..3), the counters consistent; with a draft whose first
+  choice is often wrong and whose second is often right, more tokens per target call than
+  the chain of the same gamma (the tree's other branches are accepted).
+* Sampled: test_distribution's enumerated law (V = 4, 5 tokens) by chi-square for
+  temperature 1, top-k and top-p, every outcome of a step occurring MIN_BRANCH times; the
+  rule that accepts a guess with p(x) after a rejected sibling instead of the residual
+  fails the same test.
+* Settings and drafts the tree cannot take raise, naming draft_tree_width.
+"""
+
+import collections
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import random_inputs
+import test_distribution as td
+from test_decoding import _eos_mid_batch
+from test_tree_decoding import (ENC, L, VOCAB, _check_stats, _guess_accepted_with_p, _noisy,
+                                _own_output, models)  # pylint: disable=unused-import
+from specdec_t5x import generate
+from specdec_t5x.algorithm import api, sampling, tree_accept
+from specdec_t5x.algorithm.config import DecodeConfig
+from specdec_t5x.algorithm.drafts import CopyDraft, UnigramDraft
+
+GREEDY = {  # name: (batch, gamma, width, draft, decoder prompt)
+    'b1_g1_w2': (1, 1, 2, 'noisy', False),
+    'b3_g3_w2_eos': (3, 3, 2, 'noisy', False),
+    'b3_g2_w3_model_eos': (3, 2, 3, 'model', False),
+    'b1_g3_w1_prompt': (1, 3, 1, 'noisy', True),
+}
+
+
+@pytest.mark.parametrize('name', list(GREEDY))
+def test_greedy_dynamic_tree_equals_greedy_target(target_and_draft, name):
+  batch, gamma, width, kind, with_prompt = GREEDY[name]
+  target, model = target_and_draft
+  draft = {'model': model, 'noisy': (target[0], _noisy(target[1]))}[kind]
+  totals, lengths = collections.Counter(), []
+  for seed in range(3):
+    enc = _own_output(target, batch, seed)
+    eos = _eos_mid_batch(target, enc, L) if batch > 1 else -1
+    prompt = enc[:, :3] if with_prompt else None
+    args = dict(max_decode_length=L, eos_id=eos, decoder_prompt=prompt)
+    ar = generate(target, enc, **args)
+    tree = generate(target, enc, draft=draft, gamma=gamma, draft_tree_width=width, **args)
+    msg = f'{name} seed={seed} eos={eos}'
+    np.testing.assert_array_equal(tree.tokens, ar.tokens, err_msg=msg)
+    np.testing.assert_array_equal(tree.stats['generated_tokens'], ar.stats['generated_tokens'])
+    s = _check_stats(tree.stats, gamma, tree.tokens, eos)
+    assert s['accepted_by_source'][1:].sum() == 0  # every node is the draft's
+    lengths.append(s['generated_tokens'])
+    if with_prompt:
+      np.testing.assert_array_equal(np.asarray(tree.tokens)[:, :3], prompt)
+    chain = generate(target, enc, draft=draft, gamma=gamma, **args)
+    for key, st in (('tree', s), ('chain', chain.stats)):
+      for field in ('generated_tokens', 'target_calls'):
+        totals[key, field] += int(np.sum(st[field]))
+  if batch > 1:  # EOS ended rows at different times, some before L
+    assert any(len(set(n.tolist())) > 1 and n.min() < L for n in lengths), lengths
+  rate = {k: totals[k, 'generated_tokens'] / totals[k, 'target_calls'] for k in ('tree', 'chain')}
+  if width == 1:  # one node per level: the draft's greedy chain, verified as a tree
+    assert rate['tree'] == rate['chain'], rate
+  elif kind == 'noisy':  # its runner-ups are often right: the other branches pay
+    assert rate['tree'] > rate['chain'], rate
+
+
+SAMPLED = {  # name: (sampling, gamma, width, seed)
+    't1_w2': (sampling.SamplingConfig(1.0), 2, 2, 31),
+    'topk3_g3_w2': (sampling.SamplingConfig(1.0, topk=3), 3, 2, 32),
+    'topp0.8_w3': (sampling.SamplingConfig(1.0, topp=0.8), 2, 3, 33),
+}
+
+
+def _pvalue(target, draft, name):
+  cfg, gamma, width, seed = SAMPLED[name]
+  exact = td.exact_probabilities(target, ENC, cfg)
+  counts = td.sample_counts(target, draft, ENC, cfg, seed=seed, gamma=gamma,
+                            draft_tree_width=width)
+  return td.chi2_pvalue(exact, counts)
+
+
+@pytest.mark.parametrize('name', list(SAMPLED))
+def test_sampled_dynamic_tree_matches_exact_target_distribution(models, name):
+  target, draft = models
+  assert _pvalue(target, draft, name) > 1e-3
+
+
+def test_guess_accepted_with_p_instead_of_the_residual_is_detected(models, monkeypatch):
+  """The control: with a guess accepted with probability p(x) after a rejected sibling
+  instead of r(x), the t1_w2 test must fail (half the vocabulary is guessed per level)."""
+  target, draft = models
+  monkeypatch.setattr(tree_accept, 'accept_sampled', _guess_accepted_with_p)
+  monkeypatch.setattr(api, '_COMPILED', collections.OrderedDict())
+  assert _pvalue(target, draft, 't1_w2') < 1e-6
+
+
+@pytest.mark.parametrize('settings', [
+    dict(draft_tree_width=-1), dict(draft_tree_width=9), dict(draft_tree_width=1.5),
+    dict(draft_tree_width='2'), dict(draft_tree_width=2, copy_branch=1),
+    dict(draft_tree_width=2, draft_siblings=1), dict(draft_tree_width=2, gamma='auto'),
+    dict(draft_tree_width=2, verifier='block'), dict(draft_tree_width=2, lenience=0.5),
+    dict(draft_tree_width=2, gamma_policy='confidence')],
+    ids=lambda s: '-'.join(f'{k}={v}' for k, v in s.items()))
+def test_settings_the_tree_cannot_take_raise(settings):
+  with pytest.raises(ValueError, match='draft_tree_width'):
+    DecodeConfig(**settings)
+
+
+@pytest.mark.parametrize('draft', ['unigram', 'copy', 'none'])
+def test_drafts_the_tree_cannot_grow_with_raise(target_and_draft, draft):
+  target, _ = target_and_draft
+  draft = {'unigram': (UnigramDraft(VOCAB), {'logits': np.zeros((VOCAB,), np.float32)}),
+           'copy': (CopyDraft(VOCAB), {}), 'none': None}[draft]
+  with pytest.raises(ValueError, match='draft_tree_width'):
+    generate(target, random_inputs(1, 4, VOCAB), draft=draft, gamma=2, draft_tree_width=2,
+             max_decode_length=4)
+
+
+def test_a_tree_wider_than_the_vocabulary_raises(models):
+  target, draft = models
+  with pytest.raises(ValueError, match='draft_tree_width'):
+    generate(target, ENC, draft=draft, gamma=2, draft_tree_width=td.VOCAB + 1,
+             max_decode_length=4)
