@@ -16,7 +16,7 @@ draft path probability, one draft tree call per level, and ONE target call verif
 
 import collections
 
-import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -26,21 +26,22 @@ from test_decoding import _eos_mid_batch
 from test_tree_decoding import (ENC, L, VOCAB, _check_stats, _guess_accepted_with_p, _noisy,
                                 _own_output, models)  # pylint: disable=unused-import
 from specdec_t5x import generate
-from specdec_t5x.algorithm import api, sampling, tree_accept
+from specdec_t5x.algorithm import api, dynamic_tree, sampling, tree_accept
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.algorithm.drafts import CopyDraft, UnigramDraft
 
-GREEDY = {  # name: (batch, gamma, width, draft, decoder prompt)
-    'b1_g1_w2': (1, 1, 2, 'noisy', False),
-    'b3_g3_w2_eos': (3, 3, 2, 'noisy', False),
-    'b3_g2_w3_model_eos': (3, 2, 3, 'model', False),
-    'b1_g3_w1_prompt': (1, 3, 1, 'noisy', True),
+GREEDY = {  # name: (batch, gamma, width, nodes kept, draft, decoder prompt)
+    'b1_g1_w2': (1, 1, 2, 0, 'noisy', False),
+    'b3_g3_w2_eos': (3, 3, 2, 0, 'noisy', False),
+    'b3_g3_w2_n3_eos': (3, 3, 2, 3, 'noisy', False),
+    'b3_g2_w3_n4_model_eos': (3, 2, 3, 4, 'model', False),
+    'b1_g3_w1_prompt': (1, 3, 1, 0, 'noisy', True),
 }
 
 
 @pytest.mark.parametrize('name', list(GREEDY))
 def test_greedy_dynamic_tree_equals_greedy_target(target_and_draft, name):
-  batch, gamma, width, kind, with_prompt = GREEDY[name]
+  batch, gamma, width, nodes, kind, with_prompt = GREEDY[name]
   target, model = target_and_draft
   draft = {'model': model, 'noisy': (target[0], _noisy(target[1]))}[kind]
   totals, lengths = collections.Counter(), []
@@ -50,7 +51,8 @@ def test_greedy_dynamic_tree_equals_greedy_target(target_and_draft, name):
     prompt = enc[:, :3] if with_prompt else None
     args = dict(max_decode_length=L, eos_id=eos, decoder_prompt=prompt)
     ar = generate(target, enc, **args)
-    tree = generate(target, enc, draft=draft, gamma=gamma, draft_tree_width=width, **args)
+    tree = generate(target, enc, draft=draft, gamma=gamma, draft_tree_width=width,
+                    draft_tree_nodes=nodes, **args)
     msg = f'{name} seed={seed} eos={eos}'
     np.testing.assert_array_equal(tree.tokens, ar.tokens, err_msg=msg)
     np.testing.assert_array_equal(tree.stats['generated_tokens'], ar.stats['generated_tokens'])
@@ -68,22 +70,22 @@ def test_greedy_dynamic_tree_equals_greedy_target(target_and_draft, name):
   rate = {k: totals[k, 'generated_tokens'] / totals[k, 'target_calls'] for k in ('tree', 'chain')}
   if width == 1:  # one node per level: the draft's greedy chain, verified as a tree
     assert rate['tree'] == rate['chain'], rate
-  elif kind == 'noisy':  # its runner-ups are often right: the other branches pay
-    assert rate['tree'] > rate['chain'], rate
+  elif kind == 'noisy':  # its runner-ups are often right: the other branches pay, also
+    assert rate['tree'] > rate['chain'], rate  # at as many positions as the chain (n3)
 
 
-SAMPLED = {  # name: (sampling, gamma, width, seed)
-    't1_w2': (sampling.SamplingConfig(1.0), 2, 2, 31),
-    'topk3_g3_w2': (sampling.SamplingConfig(1.0, topk=3), 3, 2, 32),
-    'topp0.8_w3': (sampling.SamplingConfig(1.0, topp=0.8), 2, 3, 33),
+SAMPLED = {  # name: (sampling, gamma, width, nodes kept, seed)
+    't1_w2': (sampling.SamplingConfig(1.0), 2, 2, 0, 31),
+    'topk3_g3_w2_n3': (sampling.SamplingConfig(1.0, topk=3), 3, 2, 3, 32),
+    'topp0.8_w3': (sampling.SamplingConfig(1.0, topp=0.8), 2, 3, 0, 33),
 }
 
 
 def _pvalue(target, draft, name):
-  cfg, gamma, width, seed = SAMPLED[name]
+  cfg, gamma, width, nodes, seed = SAMPLED[name]
   exact = td.exact_probabilities(target, ENC, cfg)
   counts = td.sample_counts(target, draft, ENC, cfg, seed=seed, gamma=gamma,
-                            draft_tree_width=width)
+                            draft_tree_width=width, draft_tree_nodes=nodes)
   return td.chi2_pvalue(exact, counts)
 
 
@@ -107,11 +109,26 @@ def test_guess_accepted_with_p_instead_of_the_residual_is_detected(models, monke
     dict(draft_tree_width='2'), dict(draft_tree_width=2, copy_branch=1),
     dict(draft_tree_width=2, draft_siblings=1), dict(draft_tree_width=2, gamma='auto'),
     dict(draft_tree_width=2, verifier='block'), dict(draft_tree_width=2, lenience=0.5),
-    dict(draft_tree_width=2, gamma_policy='confidence')],
+    dict(draft_tree_width=2, gamma_policy='confidence'), dict(draft_tree_nodes=1),
+    dict(gamma=2, draft_tree_width=2, draft_tree_nodes=5),
+    dict(gamma=2, draft_tree_width=2, draft_tree_nodes=-1)],
     ids=lambda s: '-'.join(f'{k}={v}' for k, v in s.items()))
 def test_settings_the_tree_cannot_take_raise(settings):
   with pytest.raises(ValueError, match='draft_tree_width'):
     DecodeConfig(**settings)
+
+
+def test_rerank_keeps_the_best_nodes_as_a_tree():
+  """Of a grown tree (levels of 2), the 3 nodes of largest log path probability, in grown
+  order, parents renumbered; a child tied with its parent comes after it."""
+  # nodes 1, 2 (level 1, parents root), 3, 4 (level 2, parents 2 and 1)
+  parents = jnp.asarray([[-1, 0, 0, 2, 1], [-1, 0, 0, 1, 1]])
+  tokens = jnp.asarray([[9, 5, 6, 7, 8], [9, 5, 6, 7, 8]])
+  scores = jnp.asarray([[-1.0, -0.5, -0.6, -2.0], [-0.1, -3.0, -0.1, -0.2]])
+  got_tokens, got_parents, kept = dynamic_tree.rerank(scores, tokens, parents, 3)
+  np.testing.assert_array_equal(kept, [[0, 1, 2, 3], [0, 1, 3, 4]])
+  np.testing.assert_array_equal(got_tokens, [[9, 5, 6, 7], [9, 5, 7, 8]])
+  np.testing.assert_array_equal(got_parents, [[-1, 0, 0, 2], [-1, 0, 1, 1]])
 
 
 @pytest.mark.parametrize('draft', ['unigram', 'copy', 'none'])

@@ -189,6 +189,20 @@ def test_a_draft_tree_decodes_as_the_chain_and_says_what_it_accepted(env, full_r
     infer.main(_flags(env, out, '--gin.config.DecodeConfig.copy_branch=2'))
 
 
+def test_the_drafts_dynamic_tree_decodes_as_the_chain(env, full_run):
+  """draft_tree_width set from gin: the chain run's greedy predictions, the setting in
+  metrics.json, every accepted token the draft's, more candidates a call than the chain's
+  and at most 2 * gamma."""
+  out = env['root'] / 'dynamic_tree'
+  metrics = infer.main(_flags(env, out, '--gin.config.DecodeConfig.draft_tree_width=2'))
+  tree, chain = _lines(out / OUTPUT), _lines(full_run[0] / OUTPUT)
+  assert [r['prediction'] for r in tree] == [r['prediction'] for r in chain]
+  assert metrics['draft_tree_width'] == 2
+  assert metrics['accepted_by_source']['draft_chain'] == metrics['accepted_tokens']
+  per_call = lambda m: m['drafted_tokens'] / m['target_calls']
+  assert per_call(full_run[1]) < per_call(metrics) <= 2 * metrics['gamma']  # W nodes a level
+
+
 def test_autoregressive_baseline_equals_greedy_speculative(env, full_run):
   out = env['root'] / 'ar'
   metrics = infer.main(_flags(env, out, '--gin.DRAFT_CONFIG=None',

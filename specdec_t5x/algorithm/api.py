@@ -239,8 +239,8 @@ def decode_program(target_module, draft_module, *, max_len: int, config: DecodeC
     # Every write fits (rows.update_all drops a call's writes for all rows when one row's
     # window does not, and the stats say so; drafting.feature_drafter keeps a finished
     # row's re-feed inside).
-    drafted = config.tree_nodes if draft_module is not None else 0
-    cache_len = decoding.cache_length(max_len, drafted)  # a tree's N - 1 nodes beyond the root
+    drafted = config.tree_call_nodes if draft_module is not None else 0
+    cache_len = decoding.cache_length(max_len, drafted)  # a tree's nodes beyond the root
     encoded = target_module.apply(target_vars, encoder_tokens, method='encode')
     target_cache = target_module.apply(target_vars, encoded, encoder_tokens, cache_len,
                                        method='init_cache')

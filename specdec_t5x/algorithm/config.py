@@ -112,6 +112,9 @@ class DecodeConfig:
       the level above, found by one draft tree call per level; 1 + W * gamma nodes
       verified in one target call. 0 = none. Not with copy_branch or draft_siblings; the
       same settings as they, and a draft that is a T5 model (network.Transformer).
+    draft_tree_nodes: N: of the W * gamma nodes grown, the N of largest draft path
+      probability are verified (EAGLE-2's reranking: they form a tree, a node's path
+      probability being at most its parent's), 1 + N positions per target call; 0 = all.
     cpu_kernels: on the CPU backend, which kernels the decode path runs
       (cpu_kernels.MODES): 'packed' (the packed matmul and row kernels, bfloat16 panels
       where bfloat16 holds the weights exactly), 'packed_f32' (float32 panels only),
@@ -132,6 +135,7 @@ class DecodeConfig:
   copy_branch: int = 0
   draft_siblings: Union[int, Tuple[int, ...]] = ()
   draft_tree_width: int = 0
+  draft_tree_nodes: int = 0
 
   def __post_init__(self):
     set_ = lambda name, value: object.__setattr__(self, name, value)
@@ -186,6 +190,12 @@ class DecodeConfig:
                        f'per level of the draft\'s tree; 0 = none), got '
                        f'{self.draft_tree_width!r}.')
     set_('draft_tree_width', width)
+    nodes = _integer(self.draft_tree_nodes)
+    grown = width * self.gamma if isinstance(self.gamma, int) else 0
+    if nodes is None or not 0 <= nodes <= grown or (nodes and not width):
+      raise ValueError(f'draft_tree_nodes must be an integer in [0, draft_tree_width * gamma = '
+                       f'{grown}] (0 = every node grown), got {self.draft_tree_nodes!r}.')
+    set_('draft_tree_nodes', nodes)
     if width and (self.copy_branch or self.draft_siblings or self.gamma == 'auto'):
       raise ValueError('draft_tree_width (the draft\'s own tree) takes an integer gamma and '
                        'neither copy_branch nor draft_siblings.')
@@ -224,8 +234,17 @@ class DecodeConfig:
     """Draft tokens one step verifies: gamma + copy_branch + the siblings, or W * gamma
     for the draft's own tree (an int gamma)."""
     if self.draft_tree_width:
-      return self.draft_tree_width * self.gamma
+      return self.draft_tree_nodes or self.draft_tree_width * self.gamma
     return self.gamma + self.copy_branch + sum(self.draft_siblings)
+
+  @property
+  def tree_call_nodes(self) -> int:
+    """The most nodes beyond the root that one call over a tree feeds: tree_nodes, or the
+    draft's last tree call while it grows a dynamic tree (W * (gamma - 1) nodes) when
+    draft_tree_nodes keeps fewer (an int gamma). What the decode caches are sized for."""
+    if self.draft_tree_width:
+      return max(self.tree_nodes, self.draft_tree_width * (self.gamma - 1))
+    return self.tree_nodes
 
   def check_models(self, *, vocab_size: Optional[int], max_decode_length: int,
                    speculative: bool = True) -> None:
@@ -292,4 +311,5 @@ class DecodeConfig:
       out['draft_siblings'] = list(self.draft_siblings)
     if self.draft_tree_width:
       out['draft_tree_width'] = self.draft_tree_width
+      out['draft_tree_nodes'] = self.tree_nodes
     return out

@@ -12,6 +12,9 @@ node 0 the root y_{n-1}; level d holds nodes 1 + W (d - 1) .. W d):
     draft's distribution after each node of level d; of the W x V children the W of
     largest path probability (the product of the draft's probabilities down the path)
     become level d + 1, best first.
+With config.draft_tree_nodes = M (EAGLE-2's reranking) only the M grown nodes of largest
+path probability are verified, N = 1 + M: a node's path probability is at most its
+parent's, so they form a tree (`rerank`).
 The draft ranks by its own softmax (temperature 1) whatever the sampling settings. Every
 node is then a fixed guess that depends on the row's committed tokens alone, so
 tree_accept's rules are exact: greedy accepts the longest path of the target's argmaxes
@@ -54,6 +57,23 @@ def grow(frontier_logits, scores, tokens, parents, width: int):
           jnp.concatenate([parents, parent.astype(jnp.int32)], axis=1))
 
 
+def rerank(scores, tokens, parents, keep: int):
+  """scores [b, M] (log path probabilities of nodes 1..M), tokens and parents [b, 1 + M]
+  (tree.py's layout, grown level by level) -> tokens, parents and the kept node indices
+  [b, 1 + keep] of the root and the `keep` nodes of largest score, in their grown order
+  (so parents come first; a tie keeps the earlier node, and a parent scores at least its
+  children: the kept nodes are a tree), their parents renumbered."""
+  b, m = scores.shape
+  _, best = jax.lax.top_k(scores, keep)  # [b, keep] node - 1, ties: the earlier node
+  kept = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), jnp.sort(best, axis=1) + 1], axis=1)
+  renumber = jnp.zeros((b, 1 + m), jnp.int32).at[
+      jnp.arange(b)[:, None], kept].set(jnp.arange(1 + keep, dtype=jnp.int32)[None, :])
+  old_parent = jnp.take_along_axis(parents, kept, axis=1)  # [b, 1 + keep]; the root's -1
+  new_parent = jnp.where(old_parent < 0, -1,
+                         jnp.take_along_axis(renumber, jnp.maximum(old_parent, 0), axis=1))
+  return jnp.take_along_axis(tokens, kept, axis=1), new_parent, kept
+
+
 def dynamic_tree_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, draft_cache,
                         rng, *, batch: int, max_len: int, config: DecodeConfig, eos_id: int,
                         prompt=None, settings: Optional[sampling.Sampling] = None
@@ -63,12 +83,12 @@ def dynamic_tree_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, d
   model's extend). Returns (tokens [b, max_len], stats); the length histograms have
   gamma + 1 entries. `settings`: as decoding.speculative_decode's."""
   gamma, width, cfg = config.gamma, config.draft_tree_width, settings or config.sampling
-  num_nodes = 1 + width * gamma
-  state = _init_state(batch, max_len, num_nodes, rng, target_cache, draft_cache, gamma)
+  grown, num_nodes = width * gamma, 1 + config.tree_nodes
+  state = _init_state(batch, max_len, max(num_nodes, gamma + 1), rng, target_cache,
+                      draft_cache, gamma)  # room for a step's gamma + 1 tokens
   if prompt is not None:
     state = _with_prompt(state, prompt, max_len, target_fn, draft_fn)
-  level = np.repeat(np.arange(1, gamma + 1), width)  # [N - 1] each node's depth
-  node_depth = jnp.asarray(np.concatenate([[0], level]))
+  level = jnp.asarray(np.repeat(np.arange(gamma + 1), [1] + [width] * gamma))  # [1 + grown]
   node_kind = jnp.zeros((num_nodes,), jnp.int32)  # every node the draft's (stats.SOURCES)
 
   def body(s):
@@ -82,7 +102,7 @@ def dynamic_tree_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, d
     frontier = jnp.take_along_axis(logits, (s.length - start)[:, None, None], axis=1)
     tokens = rows.window(s.seq, s.length + 1, 1)  # [b, 1] the root
     parents = jnp.full((batch, 1), -1, jnp.int32)
-    scores = jnp.zeros((batch, 1), jnp.float32)
+    scores, path_scores = jnp.zeros((batch, 1), jnp.float32), []
     draft_bad = jnp.zeros((batch,), bool)
     for d in range(gamma):
       if d:  # the draft after each node of level d, from one call over the tree so far
@@ -90,8 +110,13 @@ def dynamic_tree_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, d
         frontier = logits[:, -width:]
       draft_bad |= ~jnp.all(jnp.isfinite(frontier), axis=(1, 2))
       scores, tokens, parents = grow(frontier, scores, tokens, parents, width)
-    valid = jnp.concatenate([jnp.ones((batch, 1), bool),
-                             jnp.asarray(level)[None, :] <= limit[:, None]], axis=1)
+      path_scores.append(scores)
+    node_depth = jnp.broadcast_to(level, (batch, 1 + grown))
+    if num_nodes < 1 + grown:  # the best num_nodes - 1 of them
+      tokens, parents, kept = rerank(jnp.concatenate(path_scores, axis=1), tokens, parents,
+                                     num_nodes - 1)
+      node_depth = jnp.take_along_axis(node_depth, kept, axis=1)
+    valid = (node_depth <= limit[:, None]) | (jnp.arange(num_nodes) == 0)[None, :]
     logits, target_cache = target_fn(s.target_cache, tokens, s.length, False, (), parents)
     if cfg.greedy:
       best, bad = sampling.argmax_checked(logits)  # [b, N] each

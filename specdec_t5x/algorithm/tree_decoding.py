@@ -223,8 +223,8 @@ def commit(s, tokens, layout, path, n_acc, token, node_depth, node_kind, *, bad,
            target_cache, draft_cache, rng, max_len: int, eos_id: int):
   """A tree step's end, once its path is accepted: tokens [b, N] (the root's first),
   layout's (parents, nodes, valid, sampled) [b, N], path [b, D + 1] and n_acc [b]
-  (tree_accept's), token [b] (the correction or bonus), node_depth [N] and node_kind [N]
-  (stats.SOURCES) of every node, the rows' nonfinite flags bad, draft_bad [b]. The
+  (tree_accept's), token [b] (the correction or bonus), node_depth [N] or [b, N] and
+  node_kind [N] (stats.SOURCES) of every node, the rows' nonfinite flags bad, draft_bad [b]. The
   target's cache is compacted to the path, the path's tokens and `token` are emitted and
   the step counted (verified: the valid nodes; draft length: the tree's valid depth)."""
   parents, _, valid, _ = layout
@@ -238,7 +238,8 @@ def commit(s, tokens, layout, path, n_acc, token, node_depth, node_kind, *, bad,
   end = jnp.take_along_axis(path, n_acc[:, None], axis=1)  # [b, 1] the last accepted node
   leaf = ~jnp.any(valid & (parents == end), axis=1)
   verified = jnp.sum(valid[:, 1:], axis=1).astype(jnp.int32)  # candidates tested at most
-  depth = jnp.max(jnp.where(valid, node_depth[None, :], 0), axis=1)  # [b] the tree's depth
+  depth = jnp.max(jnp.where(valid, jnp.broadcast_to(node_depth, valid.shape), 0),
+                  axis=1)  # [b] the tree's depth
   # [b, 3] the accepted path's nodes by what proposed them (stats.SOURCES)
   on_path = jnp.arange(1, depth_max + 1)[None, :] <= n_acc[:, None]  # [b, D]
   kinds = jnp.take(node_kind, path[:, 1:])  # [b, D]

@@ -6,12 +6,13 @@ reports per (task, temperature, decode) one row: alpha, tokens per target call, 
 step, accepted tokens by source, seconds, speedup over AR and over the best plain chain,
 and whether the tokens equal AR's (greedy). A decode is named by a spec:
 
-  g<gamma>[+c<n>][+s<k1>.<k2>...][+w<W>][+block][+conf[<threshold>]][+ra<c>][+l<lenience>]
+  g<gamma>[+c<n>][+s<k1>.<k2>...][+w<W>[+n<M>]][+block][+conf[<threshold>]][+ra<c>][+l<lenience>]
   [@<draft>]
 
   +c<n>     DecodeConfig.copy_branch = n (a copy branch of n tokens in the verified tree)
   +s<k..>   DecodeConfig.draft_siblings = (k1, k2, ...) (the draft's runner-up tokens)
   +w<W>     DecodeConfig.draft_tree_width = W (the draft's dynamic tree: gamma levels of W)
+  +n<M>     DecodeConfig.draft_tree_nodes = M (of them, the M of largest path probability)
   +block    verifier='block' (block verification)
   +conf<t>  gamma_policy=GammaPolicy('confidence', threshold=t) (t omitted: its default)
   +ra<c>    gamma_policy=GammaPolicy('running_alpha', cost_ratio=c)
@@ -66,11 +67,13 @@ EXPERIMENTS: Dict[str, Experiment] = {
         'k_t runner-up tokens at depth t, verified in the same target call.',
         'g2,g3,g5,g2+c3,g2+s1,g3+s2,g4+s1,g2+s2.1', temperatures=(0.0, 1.0), repeats=2),
     'dynamic_tree': Experiment(
-        "The draft's dynamic tree vs chains at equal verified positions",
+        "The draft's dynamic tree vs chains at equal verified positions and draft calls",
         'g<gamma>: the chain; +w<W>: the draft grows gamma levels of W nodes, each level the '
-        'W children of largest draft path probability (one draft tree call per level), all '
-        '1 + W * gamma verified in one target call.',
-        'g1,g2,g3,g4,g6,g1+w2,g1+w3,g2+w2,g3+w2,g2+w3', temperatures=(0.0, 1.0), repeats=2),
+        'W children of largest draft path probability (one draft call per level); +n<M>: '
+        'of them the M of largest path probability are verified (else all), in one target '
+        'call. g<k>+w<W>+n<k> verifies as many positions as g<k> after as many draft calls.',
+        'g2,g3,g4,g6,g2+w2+n2,g3+w2+n3,g4+w2+n4,g6+w2+n6,g3+w3+n3,g3+w2',
+        temperatures=(0.0, 1.0), repeats=2),
     'copy_draft': Experiment(
         'Copy (prompt-lookup) drafts against learned and n-gram drafts',
         'The same gamma with each draft; copy:<d> copies from the input and falls back '
@@ -103,6 +106,7 @@ _PARTS: Tuple[Tuple[re.Pattern, Callable[[re.Match], Dict[str, Any]]], ...] = (
     (re.compile(r's(\d+(?:\.\d+)*)$'),
      lambda m: dict(draft_siblings=tuple(int(k) for k in m.group(1).split('.')))),
     (re.compile(r'w(\d+)$'), lambda m: dict(draft_tree_width=int(m.group(1)))),
+    (re.compile(r'n(\d+)$'), lambda m: dict(draft_tree_nodes=int(m.group(1)))),
     (re.compile(r'block$'), lambda m: dict(verifier='block')),
     (re.compile(r'conf([\d.]*)$'), lambda m: dict(gamma_policy=GammaPolicy(
         'confidence', **({'threshold': float(m.group(1))} if m.group(1) else {})))),
@@ -119,13 +123,14 @@ def parse_decode(spec: str) -> Tuple[Dict[str, Any], str]:
   first, *rest = body.split('+')
   m = _G.match(first)
   if not m or spec.endswith('@'):
-    raise ValueError(f'a decode is g<gamma>[+c<n>][+s<k1>.<k2>...][+w<W>][+block][+conf[<t>]]'
+    raise ValueError(f'a decode is g<gamma>[+c<n>][+s<k1>.<k2>...][+w<W>[+n<M>]][+block]'
+                     f'[+conf[<t>]]'
                      f'[+ra<c>][+l<x>][@<draft>], got {spec!r}')
   settings: Dict[str, Any] = dict(gamma=int(m.group(1)))
   for part in rest:
     parsed = [fn(mm) for pattern, fn in _PARTS for mm in [pattern.match(part)] if mm]
     if not parsed:
-      raise ValueError(f'{spec!r}: unknown part {part!r} (c<n>, s<k1>.<k2>, w<W>, block, '
+      raise ValueError(f'{spec!r}: unknown part {part!r} (c<n>, s<k1>.<k2>, w<W>, n<M>, block, '
                        'conf[<t>], ra<c>, l<x>)')
     if set(parsed[0]) & set(settings):
       raise ValueError(f'{spec!r}: {part!r} sets {sorted(parsed[0])} twice')

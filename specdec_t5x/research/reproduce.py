@@ -95,7 +95,7 @@ STEPS = (
                 '--temperatures=0', '--decodes=g2,g2+s1', '--repeats=1')),
     Step('dynamic_tree', 'compare_decodes.py', ('--experiment=dynamic_tree',),
          quick=('--experiment=dynamic_tree', '--tasks=ende', '--rows=1', '--max_len=8',
-                '--temperatures=0', '--decodes=g2,g1+w2', '--repeats=1')),
+                '--temperatures=0', '--decodes=g2,g2+w2+n2', '--repeats=1')),
     Step('tree_bound', 'tree_bound.py', (), timed=False,
          quick=('--num_examples', '2', '--tasks', 'ende', '--drafts', 'demo_draft_s',
                 '--max_nodes', '3')),
