@@ -2,8 +2,9 @@
 
 XLA's dot path (as accelerators get it) on 8 fake CPU devices, with T5X's partitioning
 (num_partitions 8: one head per device; 1: data parallel), batch 1 and 8, autoregressive,
-speculative and over draft trees (static and dynamic): the while bodies may copy or transpose per-call activations, never a
-buffer as large as a cache the loop carries or a weight.
+speculative and over draft trees (static and dynamic): the while bodies may copy or
+transpose per-call activations, never a buffer as large as a cache the loop carries or a
+weight.
 """
 import textwrap
 

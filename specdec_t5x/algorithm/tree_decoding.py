@@ -261,7 +261,7 @@ def check(config: DecodeConfig, draft_reads_features: bool, speculative: bool,
   what = ' and '.join(name for name in ('copy_branch', 'draft_siblings', 'draft_tree_width')
                       if getattr(config, name))
   if not speculative:
-    return f'{what} needs a draft (its chain is the tree\'s first branch).'
+    return f'{what} needs a draft (it proposes the tree\'s first branch).'
   if draft_reads_features:
     return f'{what} is verified beside a token draft\'s chain, not a feature head\'s.'
   if config.draft_tree_width and not draft_is_model:
