@@ -22,9 +22,8 @@ import pytest
 
 from conftest import random_inputs
 import test_distribution as td
-from test_decoding import _eos_mid_batch
-from test_tree_decoding import (ENC, L, VOCAB, _check_stats, _guess_accepted_with_p, _noisy,
-                                _own_output, models)  # pylint: disable=unused-import
+from test_tree_decoding import (ENC, VOCAB, _guess_accepted_with_p, _noisy, greedy_runs,
+                                models)  # pylint: disable=unused-import
 from specdec_t5x import generate
 from specdec_t5x.algorithm import api, dynamic_tree, sampling, tree_accept
 from specdec_t5x.algorithm.config import DecodeConfig
@@ -44,29 +43,14 @@ def test_greedy_dynamic_tree_equals_greedy_target(target_and_draft, name):
   batch, gamma, width, nodes, kind, with_prompt = GREEDY[name]
   target, model = target_and_draft
   draft = {'model': model, 'noisy': (target[0], _noisy(target[1]))}[kind]
-  totals, lengths = collections.Counter(), []
-  for seed in range(3):
-    enc = _own_output(target, batch, seed)
-    eos = _eos_mid_batch(target, enc, L) if batch > 1 else -1
-    prompt = enc[:, :3] if with_prompt else None
-    args = dict(max_decode_length=L, eos_id=eos, decoder_prompt=prompt)
-    ar = generate(target, enc, **args)
-    tree = generate(target, enc, draft=draft, gamma=gamma, draft_tree_width=width,
-                    draft_tree_nodes=nodes, **args)
-    msg = f'{name} seed={seed} eos={eos}'
-    np.testing.assert_array_equal(tree.tokens, ar.tokens, err_msg=msg)
-    np.testing.assert_array_equal(tree.stats['generated_tokens'], ar.stats['generated_tokens'])
-    s = _check_stats(tree.stats, gamma, tree.tokens, eos)
+  totals = collections.Counter()
+  for enc, args, _, s in greedy_runs(target, draft, batch, gamma, with_prompt, gamma,
+                                     draft_tree_width=width, draft_tree_nodes=nodes):
     assert s['accepted_by_source'][1:].sum() == 0  # every node is the draft's
-    lengths.append(s['generated_tokens'])
-    if with_prompt:
-      np.testing.assert_array_equal(np.asarray(tree.tokens)[:, :3], prompt)
     chain = generate(target, enc, draft=draft, gamma=gamma, **args)
     for key, st in (('tree', s), ('chain', chain.stats)):
       for field in ('generated_tokens', 'target_calls'):
         totals[key, field] += int(np.sum(st[field]))
-  if batch > 1:  # EOS ended rows at different times, some before L
-    assert any(len(set(n.tolist())) > 1 and n.min() < L for n in lengths), lengths
   rate = {k: totals[k, 'generated_tokens'] / totals[k, 'target_calls'] for k in ('tree', 'chain')}
   if width == 1:  # one node per level: the draft's greedy chain, verified as a tree
     assert rate['tree'] == rate['chain'], rate

@@ -85,6 +85,33 @@ def _noisy(params, scale=0.6):
       for x, k in zip(leaves, keys)])
 
 
+def greedy_runs(target, draft, batch, gamma, with_prompt, depth, **tree):
+  """For seeds 0..2, a tree decode (`tree`: its DecodeConfig fields) of inputs the target
+  decodes in full, checked against greedy autoregressive decoding token for token, its
+  counters (`_check_stats` up to `depth`) and a decoder prompt (the target's own first 3
+  tokens) kept; batch 3 has an EOS that ends its rows at different times, batch 1 none (L
+  tokens to copy in). Yields (enc, the decode's arguments, the AR result, the tree's
+  counters); once exhausted, checks that EOS ended some row before L."""
+  lengths = []
+  for seed in range(3):
+    enc = _own_output(target, batch, seed)
+    eos = _eos_mid_batch(target, enc, L) if batch > 1 else -1
+    prompt = enc[:, :3] if with_prompt else None
+    args = dict(max_decode_length=L, eos_id=eos, decoder_prompt=prompt)
+    ar = generate(target, enc, **args)
+    out = generate(target, enc, draft=draft, gamma=gamma, **args, **tree)
+    msg = f'{tree} seed={seed} eos={eos}'
+    np.testing.assert_array_equal(out.tokens, ar.tokens, err_msg=msg)
+    np.testing.assert_array_equal(out.stats['generated_tokens'], ar.stats['generated_tokens'])
+    s = _check_stats(out.stats, depth, out.tokens, eos)
+    if with_prompt:
+      np.testing.assert_array_equal(np.asarray(out.tokens)[:, :3], prompt)
+    lengths.append(s['generated_tokens'])
+    yield enc, args, ar, s
+  if batch > 1:
+    assert any(len(set(n.tolist())) > 1 and n.min() < L for n in lengths), lengths
+
+
 GREEDY = {  # name: (batch, gamma, copy_branch, draft_siblings, draft, decoder prompt)
     'b1_g1_c2': (1, 1, 2, 0, 'model', False),
     'b3_g3_c4_eos': (3, 3, 4, 0, 'model', False),
@@ -103,22 +130,11 @@ def test_greedy_tree_equals_greedy_target(target_and_draft, name):
            'useless': (UnigramDraft(VOCAB), {'logits': jnp.zeros((VOCAB,), jnp.float32)}),
            'copy': (CopyDraft(VOCAB), {}),
            'noisy': (target[0], _noisy(target[1]))}[kind]
-  totals, lengths = collections.Counter(), []
+  totals = collections.Counter()
   source = np.zeros(3, np.int64)  # the tree's accepted tokens by stats.SOURCES index
-  for seed in range(3):
-    enc = _own_output(target, batch, seed)
-    # batch 3: an EOS that ends rows at different times; batch 1: none (L tokens to copy in)
-    eos = _eos_mid_batch(target, enc, L) if batch > 1 else -1
-    prompt = enc[:, :3] if with_prompt else None  # the target's own first tokens
-    args = dict(max_decode_length=L, eos_id=eos, decoder_prompt=prompt)
-    ar = generate(target, enc, **args)
-    tree = generate(target, enc, draft=draft, gamma=gamma, copy_branch=c,
-                    draft_siblings=siblings, **args)
-    msg = f'{name} seed={seed} eos={eos}'
-    np.testing.assert_array_equal(tree.tokens, ar.tokens, err_msg=msg)
-    np.testing.assert_array_equal(tree.stats['generated_tokens'], ar.stats['generated_tokens'])
-    s = _check_stats(tree.stats, max(gamma, c), tree.tokens, eos)
-    lengths.append(s['generated_tokens'])
+  runs = greedy_runs(target, draft, batch, gamma, with_prompt, max(gamma, c), copy_branch=c,
+                     draft_siblings=siblings)
+  for enc, args, ar, s in runs:
     source += s['accepted_by_source']
     if kind == 'useless':  # greedy q is one-hot on token 0, which the target never emits:
       # no chain node is ever accepted, every accepted token is a copied one
@@ -128,15 +144,12 @@ def test_greedy_tree_equals_greedy_target(target_and_draft, name):
       totals['tree', 'target_calls'] += int(s['target_calls'].sum())
       continue
     if with_prompt:
-      np.testing.assert_array_equal(np.asarray(tree.tokens)[:, :3], prompt)
       continue
     chain = generate(target, enc, draft=draft, gamma=gamma, **args)
-    np.testing.assert_array_equal(chain.tokens, ar.tokens, err_msg=msg)
-    for key, st in (('tree', tree.stats), ('chain', chain.stats)):
+    np.testing.assert_array_equal(chain.tokens, ar.tokens)
+    for key, st in (('tree', s), ('chain', chain.stats)):
       for field in ('generated_tokens', 'target_calls', 'accepted_tokens'):
         totals[key, field] += int(np.sum(st[field]))
-  if batch > 1:  # EOS ended rows at different times, some before L
-    assert any(len(set(n.tolist())) > 1 and n.min() < L for n in lengths), lengths
   assert bool(source[2]) == bool(siblings), source
   if kind != 'copy':  # (a copying draft's chain is the copy branch: its nodes are shared)
     assert bool(source[1]) == bool(c), source

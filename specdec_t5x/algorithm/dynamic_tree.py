@@ -128,8 +128,7 @@ def dynamic_tree_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, d
       path, n_acc, dist = tree_accept.accept_sampled(parents, tokens, guesses, valid, p,
                                                      jnp.zeros_like(p), uniforms, gamma)
       token = sampling.sample(keys[:, 1], dist)
-    layout = (parents, tokens[:, 1:], valid, jnp.zeros((batch, num_nodes), bool))
-    return commit(s, tokens, layout, path, n_acc, token, node_depth, node_kind,
+    return commit(s, tokens, parents, valid, path, n_acc, token, node_depth, node_kind,
                   bad=jnp.any(bad, axis=1), draft_bad=draft_bad, target_cache=target_cache,
                   draft_cache=draft_cache, rng=rng, max_len=max_len, eos_id=eos_id)
 

@@ -211,7 +211,7 @@ def tree_speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cach
     # sibling at its chain node's
     node_depth = jnp.array([0] + list(range(1, gamma + 1)) + list(range(1, c + 1))
                            + sibling_depth)
-    return commit(s, tokens, layout, path, n_acc, token, node_depth, node_kind,
+    return commit(s, tokens, parents, valid, path, n_acc, token, node_depth, node_kind,
                   bad=jnp.any(bad, axis=1), draft_bad=draft_bad, target_cache=target_cache,
                   draft_cache=draft_cache, rng=rng, max_len=max_len, eos_id=eos_id)
 
@@ -219,15 +219,14 @@ def tree_speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cach
   return _finish(state, max_len, prompt)
 
 
-def commit(s, tokens, layout, path, n_acc, token, node_depth, node_kind, *, bad, draft_bad,
-           target_cache, draft_cache, rng, max_len: int, eos_id: int):
-  """A tree step's end, once its path is accepted: tokens [b, N] (the root's first),
-  layout's (parents, nodes, valid, sampled) [b, N], path [b, D + 1] and n_acc [b]
+def commit(s, tokens, parents, valid, path, n_acc, token, node_depth, node_kind, *, bad,
+           draft_bad, target_cache, draft_cache, rng, max_len: int, eos_id: int):
+  """A tree step's end, once its path is accepted: tokens, parents and valid [b, N]
+  (tree.py's layout, the root's first), path [b, D + 1] and n_acc [b]
   (tree_accept's), token [b] (the correction or bonus), node_depth [N] or [b, N] and
   node_kind [N] (stats.SOURCES) of every node, the rows' nonfinite flags bad, draft_bad [b]. The
   target's cache is compacted to the path, the path's tokens and `token` are emitted and
   the step counted (verified: the valid nodes; draft length: the tree's valid depth)."""
-  parents, _, valid, _ = layout
   batch, depth_max = tokens.shape[0], path.shape[1] - 1
   active = ~s.done
   target_cache = tree.compact(target_cache, s.length, path)
