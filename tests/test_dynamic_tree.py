@@ -11,6 +11,9 @@ draft path probability, one draft tree call per level, and ONE target call verif
   temperature 1, top-k and top-p, every outcome of a step occurring MIN_BRANCH times; the
   rule that accepts a guess with p(x) after a rejected sibling instead of the residual
   fails the same test.
+* Levels DRAWN from q without replacement (draft_tree_sampled): the same law at t = 1
+  (depth 3) and top-p (void draws), and verifying the draws as if i.i.d. fails it; at
+  temperature 0 the flag leaves the greedy top-W tree.
 * Settings and drafts the tree cannot take raise, naming draft_tree_width.
 """
 
@@ -29,23 +32,26 @@ from specdec_t5x.algorithm import api, dynamic_tree, sampling, tree_accept
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.algorithm.drafts import CopyDraft, UnigramDraft
 
-GREEDY = {  # name: (batch, gamma, width, nodes kept, draft, decoder prompt)
-    'b1_g1_w2': (1, 1, 2, 0, 'noisy', False),
-    'b3_g3_w2_eos': (3, 3, 2, 0, 'noisy', False),
-    'b3_g3_w2_n3_eos': (3, 3, 2, 3, 'noisy', False),
-    'b3_g2_w3_n4_model_eos': (3, 2, 3, 4, 'model', False),
-    'b1_g3_w1_prompt': (1, 3, 1, 0, 'noisy', True),
+GREEDY = {  # name: (batch, gamma, width, nodes kept, draft, decoder prompt, drawn levels)
+    'b1_g1_w2': (1, 1, 2, 0, 'noisy', False, False),
+    'b3_g3_w2_eos': (3, 3, 2, 0, 'noisy', False, False),
+    'b3_g3_w2_n3_eos': (3, 3, 2, 3, 'noisy', False, False),
+    'b3_g2_w3_n4_model_eos': (3, 2, 3, 4, 'model', False, False),
+    'b1_g3_w1_prompt': (1, 3, 1, 0, 'noisy', True, False),
+    # draft_tree_sampled at temperature 0: the top-W tree, greedy as ever
+    'b1_g2_w2_drawn': (1, 2, 2, 0, 'noisy', False, True),
 }
 
 
 @pytest.mark.parametrize('name', list(GREEDY))
 def test_greedy_dynamic_tree_equals_greedy_target(target_and_draft, name):
-  batch, gamma, width, nodes, kind, with_prompt = GREEDY[name]
+  batch, gamma, width, nodes, kind, with_prompt, drawn = GREEDY[name]
   target, model = target_and_draft
   draft = {'model': model, 'noisy': (target[0], _noisy(target[1]))}[kind]
   totals = collections.Counter()
   for enc, args, _, s in greedy_runs(target, draft, batch, gamma, with_prompt, gamma,
-                                     draft_tree_width=width, draft_tree_nodes=nodes):
+                                     draft_tree_width=width, draft_tree_nodes=nodes,
+                                     draft_tree_sampled=drawn):
     assert s['accepted_by_source'][1:].sum() == 0  # every node is the draft's
     chain = generate(target, enc, draft=draft, gamma=gamma, **args)
     for key, st in (('tree', s), ('chain', chain.stats)):
@@ -58,18 +64,23 @@ def test_greedy_dynamic_tree_equals_greedy_target(target_and_draft, name):
     assert rate['tree'] > rate['chain'], rate  # at as many positions as the chain (n3)
 
 
-SAMPLED = {  # name: (sampling, gamma, width, nodes kept, seed)
-    't1_w2': (sampling.SamplingConfig(1.0), 2, 2, 0, 31),
-    'topk3_g3_w2_n3': (sampling.SamplingConfig(1.0, topk=3), 3, 2, 3, 32),
-    'topp0.8_w3': (sampling.SamplingConfig(1.0, topp=0.8), 2, 3, 0, 33),
+SAMPLED = {  # name: (sampling, gamma, width, nodes kept, levels drawn from q, seed)
+    't1_w2': (sampling.SamplingConfig(1.0), 2, 2, 0, False, 31),
+    'topk3_g3_w2_n3': (sampling.SamplingConfig(1.0, topk=3), 3, 2, 3, False, 32),
+    'topp0.8_w3': (sampling.SamplingConfig(1.0, topp=0.8), 2, 3, 0, False, 33),
+    # levels drawn without replacement: depth 3 at width 2; the nucleus often holds fewer
+    # tokens than a level's 3 draws (void nodes)
+    't1_g3_w2_drawn': (sampling.SamplingConfig(1.0), 3, 2, 0, True, 34),
+    'topp0.8_w3_drawn': (sampling.SamplingConfig(0.8, topp=0.8), 2, 3, 0, True, 35),
 }
 
 
 def _pvalue(target, draft, name):
-  cfg, gamma, width, nodes, seed = SAMPLED[name]
+  cfg, gamma, width, nodes, drawn, seed = SAMPLED[name]
   exact = td.exact_probabilities(target, ENC, cfg)
   counts = td.sample_counts(target, draft, ENC, cfg, seed=seed, gamma=gamma,
-                            draft_tree_width=width, draft_tree_nodes=nodes)
+                            draft_tree_width=width, draft_tree_nodes=nodes,
+                            draft_tree_sampled=drawn)
   return td.chi2_pvalue(exact, counts)
 
 
@@ -88,6 +99,18 @@ def test_guess_accepted_with_p_instead_of_the_residual_is_detected(models, monke
   assert _pvalue(target, draft, 't1_w2') < 1e-6
 
 
+def test_draws_verified_as_iid_children_are_detected(models, monkeypatch):
+  """The control for levels drawn without replacement: tested as if drawn i.i.d. (q at
+  the parent, not each draw's own law without the earlier draws), the t1_g3_w2_drawn test
+  must fail."""
+  target, draft = models
+  rule = tree_accept.accept_sampled
+  monkeypatch.setattr(tree_accept, 'accept_sampled', lambda *a, without_replacement=False,
+                      **k: rule(*a, **k))
+  monkeypatch.setattr(api, '_COMPILED', collections.OrderedDict())
+  assert _pvalue(target, draft, 't1_g3_w2_drawn') < 1e-6
+
+
 @pytest.mark.parametrize('settings', [
     dict(draft_tree_width=-1), dict(draft_tree_width=9), dict(draft_tree_width=1.5),
     dict(draft_tree_width='2'), dict(draft_tree_width=2, copy_branch=1),
@@ -95,7 +118,9 @@ def test_guess_accepted_with_p_instead_of_the_residual_is_detected(models, monke
     dict(draft_tree_width=2, verifier='block'), dict(draft_tree_width=2, lenience=0.5),
     dict(draft_tree_width=2, gamma_policy='confidence'), dict(draft_tree_nodes=1),
     dict(gamma=2, draft_tree_width=2, draft_tree_nodes=5),
-    dict(gamma=2, draft_tree_width=2, draft_tree_nodes=-1)],
+    dict(gamma=2, draft_tree_width=2, draft_tree_nodes=-1), dict(draft_tree_sampled=True),
+    dict(gamma=2, draft_tree_width=2, draft_tree_nodes=3, draft_tree_sampled=True),
+    dict(draft_tree_width=2, draft_tree_sampled=1)],
     ids=lambda s: '-'.join(f'{k}={v}' for k, v in s.items()))
 def test_settings_the_tree_cannot_take_raise(settings):
   with pytest.raises(ValueError, match='draft_tree_width'):

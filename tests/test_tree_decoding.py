@@ -223,10 +223,12 @@ def test_rows_of_different_inputs_each_follow_their_own_law(models):
   assert td.chi2_pvalue(laws[1], td.counts_of(tokens[:half])) < 1e-6  # the laws differ
 
 
-def _guess_accepted_with_p(parents, tokens, sampled, valid, p, q, uniforms, max_depth=None):
+def _guess_accepted_with_p(parents, tokens, sampled, valid, p, q, uniforms, max_depth=None,
+                           without_replacement=False):
   """tree_accept.accept_sampled with one line broken: a fixed guess x is accepted with
   probability p(x) at the current node, not the residual r(x) left by its rejected
-  siblings."""
+  siblings (for trees of guesses and i.i.d. children only)."""
+  assert not without_replacement
   b, n, v = p.shape
   max_depth = n - 1 if max_depth is None else max_depth
   p, q = p.astype(jnp.float32), q.astype(jnp.float32)

@@ -115,6 +115,12 @@ class DecodeConfig:
     draft_tree_nodes: N: of the W * gamma nodes grown, the N of largest draft path
       probability are verified (EAGLE-2's reranking: they form a tree, a node's path
       probability being at most its parent's), 1 + N positions per target call; 0 = all.
+    draft_tree_sampled: at temperature > 0, each level of the draft's tree is W tokens
+      DRAWN without replacement from the draft's distribution (the run's temperature,
+      top-k, top-p) after the level above's node of largest draft path probability, and
+      verified by recursive rejection without replacement (dynamic_tree.py; exact), instead
+      of fixed top-W guesses. Every grown node is verified (draft_tree_nodes 0: keeping the
+      likelier draws would bias them). Temperature 0 grows the top-W tree whatever it says.
     cpu_kernels: on the CPU backend, which kernels the decode path runs
       (cpu_kernels.MODES): 'packed' (the packed matmul and row kernels, bfloat16 panels
       where bfloat16 holds the weights exactly), 'packed_f32' (float32 panels only),
@@ -136,6 +142,7 @@ class DecodeConfig:
   draft_siblings: Union[int, Tuple[int, ...]] = ()
   draft_tree_width: int = 0
   draft_tree_nodes: int = 0
+  draft_tree_sampled: bool = False
 
   def __post_init__(self):
     set_ = lambda name, value: object.__setattr__(self, name, value)
@@ -196,6 +203,15 @@ class DecodeConfig:
       raise ValueError(f'draft_tree_nodes must be an integer in [0, draft_tree_width * gamma = '
                        f'{grown}] (0 = every node grown), got {self.draft_tree_nodes!r}.')
     set_('draft_tree_nodes', nodes)
+    if not isinstance(self.draft_tree_sampled, bool):
+      raise ValueError(f'draft_tree_sampled (draft_tree_width\'s levels drawn from q) must be '
+                       f'True or False, got '
+                       f'{self.draft_tree_sampled!r}.')
+    if self.draft_tree_sampled and (not width or nodes not in (0, grown)):
+      raise ValueError('draft_tree_sampled needs draft_tree_width >= 1 and verifies every '
+                       'grown node: draft_tree_nodes must be 0 (reranking sampled nodes by '
+                       f'their probability would bias them), got draft_tree_width={width}, '
+                       f'draft_tree_nodes={nodes}.')
     if width and (self.copy_branch or self.draft_siblings or self.gamma == 'auto'):
       raise ValueError('draft_tree_width (the draft\'s own tree) takes an integer gamma and '
                        'neither copy_branch nor draft_siblings.')
@@ -312,4 +328,6 @@ class DecodeConfig:
     if self.draft_tree_width:
       out['draft_tree_width'] = self.draft_tree_width
       out['draft_tree_nodes'] = self.tree_nodes
+    if self.draft_tree_sampled:
+      out['draft_tree_sampled'] = True
     return out

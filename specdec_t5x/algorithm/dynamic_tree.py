@@ -20,7 +20,15 @@ node is then a fixed guess that depends on the row's committed tokens alone, so
 tree_accept's rules are exact: greedy accepts the longest path of the target's argmaxes
 (equal to greedy decoding token for token); sampled walks the tree by recursive rejection,
 removing each rejected guess from the residual before its siblings (exact for every
-temperature, top-k and top-p). A level past the row's room is void. The step ends as
+temperature, top-k and top-p).
+With config.draft_tree_sampled at temperature > 0 the levels are DRAWN instead (SpecInfer's
+multi-sampling, without replacement as SpecTr's): level d + 1 is W tokens drawn one by one
+without replacement from the draft's sampling distribution q (the run's temperature,
+top-k, top-p) after the node of level d of largest draft path probability (`draw`; which
+node grows depends on level d's tokens, never on its children's), and the walk tests each
+draw against its own law (tree_accept's without_replacement), so a rejected draw passes
+its mass on as a chain's rejection does; every grown node is verified. A draw after q's
+mass ran out is void. A level past the row's room is void. The step ends as
 tree_decoding's (`commit`): the path and the correction or bonus token are emitted, and
 `tree.compact` moves the path's keys and values into place in the target's cache. The
 draft's tree calls write beyond the committed prefix only; its next first call rewrites
@@ -57,6 +65,28 @@ def grow(frontier_logits, scores, tokens, parents, width: int):
           jnp.concatenate([parents, parent.astype(jnp.int32)], axis=1))
 
 
+def draw(frontier_q, scores, tokens, parents, gumbel, width: int):
+  """One SAMPLED level: frontier_q [b, F, V] (the draft's sampling distribution after each
+  of the last F nodes), scores [b, F] (their log path probabilities), tokens and parents
+  [b, M] (the nodes so far, the frontier last), gumbel [b, V] i.i.d. standard Gumbel noise
+  -> (scores [b, W], tokens and parents [b, M + W], the expanded node [b] and its q [b, V]):
+  the W children of the frontier node of largest score (ties: the earlier), drawn from its
+  q one by one without replacement (Gumbel-top-W: the W largest of log q + gumbel, in
+  order). Which node grows depends on the frontier's tokens alone, never on its children's.
+  A child drawn after q's mass ran out (q = 0 at its token) scores -inf: it is void."""
+  b, f, _ = frontier_q.shape
+  best = jnp.argmax(scores, axis=1)  # [b] first max
+  q = jnp.take_along_axis(frontier_q, best[:, None, None], axis=1)[:, 0]  # [b, V]
+  logq = jnp.log(q)
+  _, child = jax.lax.top_k(logq + gumbel, width)  # [b, W]
+  score = (jnp.take_along_axis(scores, best[:, None], axis=1)
+           + jnp.take_along_axis(logq, child, axis=1))
+  node = (tokens.shape[1] - f + best).astype(jnp.int32)  # [b]
+  return (score, jnp.concatenate([tokens, child.astype(jnp.int32)], axis=1),
+          jnp.concatenate([parents, jnp.broadcast_to(node[:, None], (b, width))], axis=1),
+          node, q)
+
+
 def rerank(scores, tokens, parents, keep: int):
   """scores [b, M] (log path probabilities of nodes 1..M), tokens and parents [b, 1 + M]
   (tree.py's layout, grown level by level) -> tokens, parents and the kept node indices
@@ -84,6 +114,7 @@ def dynamic_tree_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, d
   gamma + 1 entries. `settings`: as decoding.speculative_decode's."""
   gamma, width, cfg = config.gamma, config.draft_tree_width, settings or config.sampling
   grown, num_nodes = width * gamma, 1 + config.tree_nodes
+  drawn = config.draft_tree_sampled and not cfg.greedy  # levels sampled from q
   state = _init_state(batch, max_len, max(num_nodes, gamma + 1), rng, target_cache,
                       draft_cache, gamma)  # room for a step's gamma + 1 tokens
   if prompt is not None:
@@ -92,7 +123,8 @@ def dynamic_tree_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, d
   node_kind = jnp.zeros((num_nodes,), jnp.int32)  # every node the draft's (stats.SOURCES)
 
   def body(s):
-    rng, keys = _split_keys(s.rng, 2, cfg)  # uniforms, correction
+    # uniforms, correction (and a sampled tree's Gumbel noise per level)
+    rng, keys = _split_keys(s.rng, 2 + gamma if drawn else 2, cfg)
     room = jnp.where(~s.done, max_len - s.length - 1, 0)  # [b] tokens that can be drafted
     limit = jnp.minimum(room, gamma)
     # The draft re-reads the last gamma + 1 tokens (positions start .. start + gamma).
@@ -104,12 +136,20 @@ def dynamic_tree_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, d
     parents = jnp.full((batch, 1), -1, jnp.int32)
     scores, path_scores = jnp.zeros((batch, 1), jnp.float32), []
     draft_bad = jnp.zeros((batch,), bool)
+    q = jnp.zeros((batch, num_nodes, frontier.shape[-1]), jnp.float32) if drawn else None
     for d in range(gamma):
       if d:  # the draft after each node of level d, from one call over the tree so far
         logits, draft_cache = draft_fn(draft_cache, tokens, s.length, False, (), parents)
         frontier = logits[:, -width:]
       draft_bad |= ~jnp.all(jnp.isfinite(frontier), axis=(1, 2))
-      scores, tokens, parents = grow(frontier, scores, tokens, parents, width)
+      if drawn:  # q after each node grown from (the law of its children), for the walk
+        gumbel = jax.vmap(lambda k, v=frontier.shape[-1]: jax.random.gumbel(k, (v,)))(
+            keys[:, 2 + d])
+        scores, tokens, parents, node, q_node = draw(
+            sampling.standardize(frontier, cfg), scores, tokens, parents, gumbel, width)
+        q = q.at[jnp.arange(batch), node].set(q_node)
+      else:
+        scores, tokens, parents = grow(frontier, scores, tokens, parents, width)
       path_scores.append(scores)
     node_depth = jnp.broadcast_to(level, (batch, 1 + grown))
     if num_nodes < 1 + grown:  # the best num_nodes - 1 of them
@@ -117,16 +157,18 @@ def dynamic_tree_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, d
                                      num_nodes - 1)
       node_depth = jnp.take_along_axis(node_depth, kept, axis=1)
     valid = (node_depth <= limit[:, None]) | (jnp.arange(num_nodes) == 0)[None, :]
+    if drawn:  # a draw after q's mass ran out is void
+      valid &= jnp.isfinite(jnp.concatenate([jnp.zeros((batch, 1))] + path_scores, axis=1))
     logits, target_cache = target_fn(s.target_cache, tokens, s.length, False, (), parents)
     if cfg.greedy:
       best, bad = sampling.argmax_checked(logits)  # [b, N] each
       path, n_acc, token = tree_accept.accept_greedy(parents, tokens, best, valid, gamma)
     else:
       p, bad = sampling.standardize_checked(logits, cfg)  # [b, N, V]
-      guesses = jnp.zeros((batch, num_nodes), bool)  # no node is drawn from q
       uniforms = jax.vmap(lambda k: jax.random.uniform(k, (num_nodes,)))(keys[:, 0])
-      path, n_acc, dist = tree_accept.accept_sampled(parents, tokens, guesses, valid, p,
-                                                     jnp.zeros_like(p), uniforms, gamma)
+      path, n_acc, dist = tree_accept.accept_sampled(
+          parents, tokens, jnp.full((batch, num_nodes), drawn), valid, p,
+          q if drawn else jnp.zeros_like(p), uniforms, gamma, without_replacement=drawn)
       token = sampling.sample(keys[:, 1], dist)
     return commit(s, tokens, parents, valid, path, n_acc, token, node_depth, node_kind,
                   bad=jnp.any(bad, axis=1), draft_bad=draft_bad, target_cache=target_cache,

@@ -34,11 +34,20 @@ node are fine because each is a fresh draw from q_c independent of the earlier s
 tokens and coins (the residual accounts for their rejection); a sampled child equal to an
 earlier rejected guess g is rejected surely (r(g) = 0), as it must be; a guess equal to an
 earlier rejected sampled sibling is tested against the residual, not p.
+Children drawn WITHOUT replacement (`without_replacement`: SpecTr's and Jeon et al.'s
+recursive rejection without replacement; draws that cannot repeat a token waste no node on
+duplicates): the k-th sampled child of c has law q'_k = q_c without the tokens of c's
+earlier sampled children, renormalised, given them; it is tested as a sampled child with
+q'_k in place of q_c (accepted iff u * q'_k(x) < r(x), residual max(r - q'_k, 0)), and the
+same induction holds with each child's own proposal law. A node whose q'_k has no mass
+left (fewer tokens of positive q_c than children) must be void.
 What exactness needs of the tree's builder: each sampled child's token must have law q_c
-given everything tested before it in index order, i.e. be drawn i.i.d. from q_c; a fixed
-guess, `valid` and the tree's shape may depend on the path, on q and on siblings EARLIER
-in index order (dedup against them is fine), never on a later sampled sibling's token
-(a guess placed first and chosen to differ from a later sampled sibling breaks it).
+(q'_k without replacement) given everything tested before it in index order, i.e. be
+drawn i.i.d. from q_c (or one by one without replacement); a fixed guess, `valid` and the
+tree's shape may depend on the path, on q and on siblings EARLIER in index order (dedup
+against them is fine), never on a later sampled sibling's token (a guess placed first and
+chosen to differ from a later sampled sibling breaks it; so does keeping the likelier of
+two sampled children).
 
 Exhausted residuals: r has no mass left after a rejection only when that rejection had
 probability 0 in exact arithmetic (max(r - q_c, 0) = 0 means r = q_c, so every sampled x
@@ -128,7 +137,7 @@ def accept_greedy(parents: jax.Array, tokens: jax.Array, target_argmax: jax.Arra
 
 def accept_sampled(parents: jax.Array, tokens: jax.Array, sampled: jax.Array,
                    valid: jax.Array, p: jax.Array, q: jax.Array, uniforms: jax.Array,
-                   max_depth: Optional[int] = None):
+                   max_depth: Optional[int] = None, without_replacement: bool = False):
   """Exact sampling verification of a draft tree (the walk of the module docstring).
 
   Vectorised over rows, a static loop over the nodes in index order (a node is tested
@@ -145,6 +154,9 @@ def accept_sampled(parents: jax.Array, tokens: jax.Array, sampled: jax.Array,
       node i's sampled children; rows of nodes without sampled children are not read).
     uniforms: [b, N] i.i.d. U[0, 1), one per node, used when the node is tested.
     max_depth: static bound on the tree's depth (default N - 1).
+    without_replacement: static; the sampled children of a node were drawn from q WITHOUT
+      replacement, in index order (the module docstring's last case): each one's law is q
+      at the parent without its earlier sampled siblings' tokens, renormalised.
 
   Returns:
     path [b, D + 1] int32 (root .. last accepted node, then that node repeated),
@@ -160,12 +172,17 @@ def accept_sampled(parents: jax.Array, tokens: jax.Array, sampled: jax.Array,
   q_par = jnp.take_along_axis(q, jnp.maximum(parents, 0)[:, :, None], axis=1)
   current = jnp.zeros((b,), jnp.int32)  # [b] the last accepted node
   r = p[:, 0]  # [b, V] the residual at `current`
+  drawn = jnp.zeros((b, v), bool)  # the tokens of current's sampled children so far
   for i in range(1, n):
     par = parents[:, i]
     tested = valid[:, i] & (par == current)
     x = tokens[:, i]
-    q_c = q_par[:, i]  # [b, V]
     is_x = jnp.arange(v)[None, :] == x[:, None]  # [b, V]
+    q_c = q_par[:, i]  # [b, V]
+    if without_replacement:  # node i's own proposal law: q_c without the earlier draws
+      q_c = jnp.where(drawn, 0.0, q_c)
+      q_c = q_c / jnp.maximum(jnp.sum(q_c, axis=-1, keepdims=True), 1e-30)
+      drawn |= is_x & ((par == current) & sampled[:, i])[:, None]
     r_x = jnp.sum(jnp.where(is_x, r, 0.0), axis=1)  # exact: one nonzero term
     q_x = jnp.sum(jnp.where(is_x, q_c, 0.0), axis=1)
     u = uniforms[:, i]
@@ -181,5 +198,7 @@ def accept_sampled(parents: jax.Array, tokens: jax.Array, sampled: jax.Array,
     r_rejected = jnp.where(mass > 0, left / jnp.where(mass > 0, mass, 1.0), r)
     r = jnp.where(accept[:, None], p[:, i], jnp.where(reject[:, None], r_rejected, r))
     current = jnp.where(accept, i, current)
+    if without_replacement:
+      drawn &= ~accept[:, None]  # a new current: none of its children drawn yet
   depth = tree.depths(parents)
   return path_to(parents, current, max_depth), _take(depth, current), r

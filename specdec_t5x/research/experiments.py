@@ -6,12 +6,13 @@ reports per (task, temperature, decode) one row: alpha, tokens per target call, 
 step, accepted tokens by source, seconds, speedup over AR and over the best plain chain,
 and whether the tokens equal AR's (greedy). A decode is named by a spec:
 
-  g<gamma>[+c<n>][+s<k1>.<k2>...][+w<W>[+n<M>]][+block][+conf[<threshold>]][+ra<c>][+l<lenience>]
-  [@<draft>]
+  g<gamma>[+c<n>][+s<k1>.<k2>...][+w<W>[s][+n<M>]][+block][+conf[<threshold>]][+ra<c>]
+  [+l<lenience>][@<draft>]
 
   +c<n>     DecodeConfig.copy_branch = n (a copy branch of n tokens in the verified tree)
   +s<k..>   DecodeConfig.draft_siblings = (k1, k2, ...) (the draft's runner-up tokens)
   +w<W>     DecodeConfig.draft_tree_width = W (the draft's dynamic tree: gamma levels of W)
+  +w<W>s    the same with draft_tree_sampled (at t > 0 each level drawn from q)
   +n<M>     DecodeConfig.draft_tree_nodes = M (of them, the M of largest path probability)
   +block    verifier='block' (block verification)
   +conf<t>  gamma_policy=GammaPolicy('confidence', threshold=t) (t omitted: its default)
@@ -74,6 +75,16 @@ EXPERIMENTS: Dict[str, Experiment] = {
         'call. g<k>+w<W>+n<k> verifies as many positions as g<k> after as many draft calls.',
         'g2,g3,g4,g6,g2+w2+n2,g3+w2+n3,g4+w2+n4,g6+w2+n6,g3+w3+n3,g3+w2',
         temperatures=(0.0, 1.0), repeats=2),
+    'sampled_tree': Experiment(
+        "The draft's dynamic tree at temperature 1: levels drawn from q against top-W "
+        'guesses and chains',
+        'g<gamma>: the chain; +w<W>: gamma levels of W nodes, the W children of largest '
+        'draft path probability, verified as fixed guesses; +w<W>s: each level W tokens '
+        "drawn without replacement from the draft's q after the likeliest node of the level "
+        'above, verified by recursive rejection without replacement. A tree of gamma levels '
+        'makes as many draft calls as g<gamma> and verifies 1 + W gamma positions.',
+        'g2,g3,g4,g6,g2+w2,g3+w2,g2+w2s,g3+w2s,g1+w3s,g2+w3s', temperatures=(1.0,),
+        repeats=2, precise=64),
     'copy_draft': Experiment(
         'Copy (prompt-lookup) drafts against learned and n-gram drafts',
         'The same gamma with each draft; copy:<d> copies from the input and falls back '
@@ -105,7 +116,9 @@ _PARTS: Tuple[Tuple[re.Pattern, Callable[[re.Match], Dict[str, Any]]], ...] = (
     (re.compile(r'c(\d+)$'), lambda m: dict(copy_branch=int(m.group(1)))),
     (re.compile(r's(\d+(?:\.\d+)*)$'),
      lambda m: dict(draft_siblings=tuple(int(k) for k in m.group(1).split('.')))),
-    (re.compile(r'w(\d+)$'), lambda m: dict(draft_tree_width=int(m.group(1)))),
+    (re.compile(r'w(\d+)(s?)$'), lambda m: dict(draft_tree_width=int(m.group(1)),
+                                                 **({'draft_tree_sampled': True}
+                                                    if m.group(2) else {}))),
     (re.compile(r'n(\d+)$'), lambda m: dict(draft_tree_nodes=int(m.group(1)))),
     (re.compile(r'block$'), lambda m: dict(verifier='block')),
     (re.compile(r'conf([\d.]*)$'), lambda m: dict(gamma_policy=GammaPolicy(

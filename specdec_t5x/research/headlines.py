@@ -199,6 +199,24 @@ def _dynamic_tree(d):
           'positions: ' + '; '.join(parts))
 
 
+def _sampled_tree(d):
+  """Tokens per target call at t = 1 (the precise count): per task, the drawn tree that
+  gains most over the chain of as many draft calls, beside the top-W tree of its shape."""
+  tpc = lambda r: r.get('tpc_precise') or r['mean_tokens_per_target_call']
+  parts = []
+  for task in dict.fromkeys(r['task'] for r in d['results']):
+    rows = {r['decode']: r for r in d['results'] if r['task'] == task and r['decode'] != 'AR'}
+    pairs = [(tpc(r) / tpc(rows[name.split('+')[0]]), name) for name, r in rows.items()
+             if name.endswith('s') and name.split('+')[0] in rows]
+    ratio, name = max(pairs)
+    chain, top = name.split('+')[0], name[:-1]
+    parts.append(f"{task}: {name} {tpc(rows[name]):.2f} vs {chain} {tpc(rows[chain]):.2f} "
+                 f"({ratio:.2f}x, {rows[name]['verified_positions']} positions)"
+                 + (f", {top} {tpc(rows[top]):.2f}" if top in rows else ''))
+  return ('t=1 tokens per target call, levels drawn from q over the chain of as many draft '
+          'calls (and the top-W tree of the same shape): ' + '; '.join(parts))
+
+
 def _tree_bound(d):
   """Per task and draft, at 4 verified positions: the best static tree (siblings, searched,
   or with a copy branch) and the dynamic bound, over the chain."""
@@ -261,7 +279,7 @@ HEADLINES: Dict[str, Callable[[Dict[str, Any]], str]] = {
     'decode_costs_bf16': _decode_costs, 'cpu_kernels': _cpu_kernels,
     'peers': _peers, 'block_verification': _block,
     'adaptive_gamma': _best_of('speedup_vs_ar'), 'copy_draft': _best_of('speedup_vs_ar'), 'tree': _tree,
-    'tree_bound': _tree_bound, 'dynamic_tree': _dynamic_tree,
+    'tree_bound': _tree_bound, 'dynamic_tree': _dynamic_tree, 'sampled_tree': _sampled_tree,
     'batch_throughput': _batch, 'lenience': _best_of('speedup_vs_ar'),
     'loop_efficiency': _loop_efficiency, 'loop_efficiency_batch8': _loop_efficiency,
     'loop_efficiency_t5_1_1_small': _loop_efficiency,

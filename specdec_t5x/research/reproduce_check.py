@@ -58,6 +58,8 @@ CHECKS: Dict[str, Check] = {
     'tree': Check(exact=_DECODE_COUNTS + ('results/*/accepted_by_source/*',),
                   timing=('results/*/speedup_vs_ar',)),
     'dynamic_tree': Check(exact=_DECODE_COUNTS, timing=('results/*/speedup_vs_ar',)),
+    'sampled_tree': Check(exact=_DECODE_COUNTS + ('results/*/tpc_precise',),
+                          timing=('results/*/speedup_vs_ar',)),
     'lenience': Check(exact=('results/*/target_calls', 'results/*/generated_tokens',
                              'results/*/bleu', 'results/*/rouge*'),
                       timing=('results/*/speedup_vs_ar',)),
