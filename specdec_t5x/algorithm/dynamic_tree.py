@@ -65,26 +65,35 @@ def grow(frontier_logits, scores, tokens, parents, width: int):
           jnp.concatenate([parents, parent.astype(jnp.int32)], axis=1))
 
 
-def draw(frontier_q, scores, tokens, parents, gumbel, width: int):
-  """One SAMPLED level: frontier_q [b, F, V] (the draft's sampling distribution after each
-  of the last F nodes), scores [b, F] (their log path probabilities), tokens and parents
-  [b, M] (the nodes so far, the frontier last), gumbel [b, V] i.i.d. standard Gumbel noise
-  -> (scores [b, W], tokens and parents [b, M + W], the expanded node [b] and its q [b, V]):
-  the W children of the frontier node of largest score (ties: the earlier), drawn from its
-  q one by one without replacement (Gumbel-top-W: the W largest of log q + gumbel, in
-  order). Which node grows depends on the frontier's tokens alone, never on its children's.
-  A child drawn after q's mass ran out (q = 0 at its token) scores -inf: it is void."""
-  b, f, _ = frontier_q.shape
+def draw(frontier_logits, scores, tokens, parents, keys, cfg: sampling.Settings):
+  """One SAMPLED level: frontier_logits [b, F, V] (the draft after each of the last F
+  nodes), scores [b, F] (their log path probabilities under q), tokens and parents [b, M]
+  (the nodes so far, the frontier last), keys [b, W, 2] -> (scores [b, W], tokens and
+  parents [b, M + W], the expanded node [b] and its q [b, V], the draft's sampling
+  distribution by `cfg`): the W children of the frontier node of largest score (ties: the
+  earlier), drawn from its q one by one without replacement (each by inverse CDF over the
+  mass the earlier draws left: sampling.sample, one uniform per draw). Which node grows
+  depends on the frontier's tokens alone, never on its children's. A draw made after q's
+  mass ran out scores -inf: it is void."""
+  b, f, _ = frontier_logits.shape
   best = jnp.argmax(scores, axis=1)  # [b] first max
-  q = jnp.take_along_axis(frontier_q, best[:, None, None], axis=1)[:, 0]  # [b, V]
-  logq = jnp.log(q)
-  _, child = jax.lax.top_k(logq + gumbel, width)  # [b, W]
-  score = (jnp.take_along_axis(scores, best[:, None], axis=1)
-           + jnp.take_along_axis(logq, child, axis=1))
+  q = sampling.standardize(
+      jnp.take_along_axis(frontier_logits, best[:, None, None], axis=1)[:, 0], cfg)  # [b, V]
+  base = jnp.take_along_axis(scores, best[:, None], axis=1)[:, 0]  # [b]
+  left, children, child_scores = q, [], []
+  for k in range(keys.shape[1]):
+    x = sampling.sample(keys[:, k], left)  # [b]
+    is_x = jnp.arange(q.shape[-1])[None, :] == x[:, None]
+    q_x = jnp.sum(jnp.where(is_x, left, 0.0), axis=-1)  # 0 once the mass ran out
+    children.append(x.astype(jnp.int32))
+    child_scores.append(jnp.where(q_x > 0, base + jnp.log(jnp.where(q_x > 0, q_x, 1.0)),
+                                  -jnp.inf))
+    left = jnp.where(is_x, 0.0, left)
   node = (tokens.shape[1] - f + best).astype(jnp.int32)  # [b]
-  return (score, jnp.concatenate([tokens, child.astype(jnp.int32)], axis=1),
-          jnp.concatenate([parents, jnp.broadcast_to(node[:, None], (b, width))], axis=1),
-          node, q)
+  return (jnp.stack(child_scores, axis=1),
+          jnp.concatenate([tokens, jnp.stack(children, axis=1)], axis=1),
+          jnp.concatenate([parents, jnp.broadcast_to(node[:, None], (b, len(children)))],
+                          axis=1), node, q)
 
 
 def rerank(scores, tokens, parents, keep: int):
@@ -123,8 +132,8 @@ def dynamic_tree_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, d
   node_kind = jnp.zeros((num_nodes,), jnp.int32)  # every node the draft's (stats.SOURCES)
 
   def body(s):
-    # uniforms, correction (and a sampled tree's Gumbel noise per level)
-    rng, keys = _split_keys(s.rng, 2 + gamma if drawn else 2, cfg)
+    # uniforms, correction (and a sampled tree's draws: W per level)
+    rng, keys = _split_keys(s.rng, 2 + grown if drawn else 2, cfg)
     room = jnp.where(~s.done, max_len - s.length - 1, 0)  # [b] tokens that can be drafted
     limit = jnp.minimum(room, gamma)
     # The draft re-reads the last gamma + 1 tokens (positions start .. start + gamma).
@@ -143,10 +152,8 @@ def dynamic_tree_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, d
         frontier = logits[:, -width:]
       draft_bad |= ~jnp.all(jnp.isfinite(frontier), axis=(1, 2))
       if drawn:  # q after each node grown from (the law of its children), for the walk
-        gumbel = jax.vmap(lambda k, v=frontier.shape[-1]: jax.random.gumbel(k, (v,)))(
-            keys[:, 2 + d])
         scores, tokens, parents, node, q_node = draw(
-            sampling.standardize(frontier, cfg), scores, tokens, parents, gumbel, width)
+            frontier, scores, tokens, parents, keys[:, 2 + width * d:2 + width * (d + 1)], cfg)
         q = q.at[jnp.arange(batch), node].set(q_node)
       else:
         scores, tokens, parents = grow(frontier, scores, tokens, parents, width)
