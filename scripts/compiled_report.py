@@ -31,9 +31,9 @@ def main(argv=None):
   argv = list(sys.argv[1:] if argv is None else argv)
   ap = harness.parser(__doc__, '')
   ap.add_argument('--tiny', action='store_true', help='tiny shapes: a CPU smoke run')
-  ap.add_argument('--trees', default='results/tree.json',
-                  help='tree results whose decodes are predicted at the paper\'s sizes '
-                       '(research/compiled_trees.py; empty: none)')
+  ap.add_argument('--trees', default=compiled_trees.SOURCES,
+                  help='tree results files (comma-separated) whose decodes are predicted at '
+                       'the paper\'s sizes (research/compiled_trees.py; empty: none)')
   args = ap.parse_args(argv)
   out = args.out or ('/tmp/compiled_report_tiny' if args.tiny else
                      harness.results_path(__file__, 'compiled_table2'))

@@ -72,9 +72,7 @@ def test_partitioning_splits_the_target_and_only_then_communicates(tiny):
       assert not any(one[size]['programs'][name]['collectives'].values())
       assert rec['collectives']['all-reduce'] > 0, (size, name)
       assert rec['compiled']['flops'] < one[size]['programs'][name]['compiled']['flops']
-    assert set(one[size]['programs']) == (  # the paper's rows, then results/tree.json's calls
-        {'prefill', 'step_1', 'step_4', 'step_6', 'step_8', 'step_3', 'tree_4', 'tree_6'}
-        if size == 'xxl' else {'prefill', 'step_1'})
+    assert set(one[size]['programs']) == _expected_programs().get(size, {'prefill', 'step_1'})
   step = data['per_device_costs']['8']['xxl']['step_1']
   assert 0 < step['share']['bytes'] < 1 and 0 < step['share']['flops'] < 1
   assert step['bytes'] < data['per_device_costs']['1']['xxl']['step_1']['bytes']
@@ -90,32 +88,67 @@ def test_memory_grows_with_batch_and_shrinks_with_devices(tiny):
         assert v['fits'][chip.name] == (v['resident_bytes'] <= chip.hbm_bytes)
 
 
+TREE_FILES = ('results/tree.json', 'results/dynamic_tree.json', 'results/sampled_tree.json')
+
+
+def _tree_rows():
+  return [r for name in TREE_FILES if (REPO / name).exists()
+          for r in json.loads((REPO / name).read_text())['results']]
+
+
+def _expected_programs():
+  """The programs each model needs: the target's for the paper's rows (gamma 3, 5, 7) and
+  each tree decode's verify call; the draft's for each dynamic tree's calls."""
+  xxl, small = {'prefill', 'step_1', 'step_4', 'step_6', 'step_8'}, {'prefill', 'step_1'}
+  for r in _tree_rows():
+    if r['verified_positions'] > 1:
+      xxl.add(f"{'tree' if '+' in r['decode'] else 'step'}_{r['verified_positions']}")
+    m = re.match(r'g(\d+)\+w(\d+)', r['decode'])
+    if m:
+      gamma, width = int(m.group(1)), int(m.group(2))
+      small |= {f'step_{gamma + 1}'} | {f'tree_{1 + width * d}' for d in range(1, gamma)}
+  return {'xxl': xxl, 'small': small}
+
+
+def _draft_seconds(row, t_draft):
+  """A step's draft calls: a dynamic tree g<gamma>+w<W>'s re-feed of gamma + 1 tokens and
+  its tree calls over 1 + W d nodes (d < gamma); else draft calls x the one-token step."""
+  m = re.match(r'g(\d+)\+w(\d+)', row['decode'])
+  if not m:
+    return row['draft_calls'] * t_draft['step_1']
+  gamma, width = int(m.group(1)), int(m.group(2))
+  return t_draft[f'step_{gamma + 1}'] + sum(t_draft[f'tree_{1 + width * d}']
+                                            for d in range(1, gamma))
+
+
 def _check_tree_predictions(data):
-  """Each decode of the tree results predicted by hand: tokens per call x t_step over its
-  verify call (a tree's over its nodes, a chain's over its positions) plus its draft calls,
-  and against the fastest chain of its task and temperature."""
-  trees = data['trees']
-  tree_rows = json.loads((REPO / trees['source']).read_text())['results']
-  assert [(r['task'], r['decode']) for r in trees['rows']] == [
-      (r['task'], r['decode']) for r in tree_rows]
-  for key in ('TPU v4 x1', 'H200 x8'):
-    chip, n = key.split(' x')
-    t = data['call_seconds'][n][chip]
-    best = {}
-    for r in trees['rows']:
-      k, calls = r['verified_positions'], r['draft_calls']
-      is_tree = '+' in r['decode']  # g<gamma>+c<n> / +s<k>: a copy branch or siblings
-      assert r['tree'] == is_tree
-      verify = t['xxl'][f"{'tree' if is_tree else 'step'}_{k}"]
-      want = r['mean_tokens_per_target_call'] * t['xxl']['step_1'] / (
-          verify + calls * t['small']['step_1'])
-      assert r['predicted'][key]['speedup_vs_ar'] == pytest.approx(want)
-      if not is_tree:
-        cell = (r['task'], r['temperature'])
-        best[cell] = max(best.get(cell, 0.0), want)
-    for r in trees['rows']:
-      assert r['predicted'][key]['speedup_vs_best_chain'] == pytest.approx(
-          r['predicted'][key]['speedup_vs_ar'] / best[(r['task'], r['temperature'])])
+  """Each decode of each tree results file predicted by hand: tokens per call x t_step
+  over its verify call (a tree's over its nodes, a chain's over its positions) plus its
+  draft calls, and against the fastest chain of its file, task and temperature."""
+  sources = [t['source'] for t in data['trees']]
+  assert sources == [s for s in TREE_FILES if (REPO / s).exists()]
+  for trees in data['trees']:
+    tree_rows = json.loads((REPO / trees['source']).read_text())['results']
+    assert [(r['task'], r['decode']) for r in trees['rows']] == [
+        (r['task'], r['decode']) for r in tree_rows]
+    for key in ('TPU v4 x1', 'H200 x8'):
+      chip, n = key.split(' x')
+      t = data['call_seconds'][n][chip]
+      best = {}
+      for r in trees['rows']:
+        k = r['verified_positions']
+        is_tree = '+' in r['decode']  # +c<n> / +s<k> / +w<W>: a copy branch, siblings, own tree
+        assert r['tree'] == is_tree
+        verify = t['xxl'][f"{'tree' if is_tree else 'step'}_{k}"]
+        want = r['mean_tokens_per_target_call'] * t['xxl']['step_1'] / (
+            verify + _draft_seconds(r, t['small']))
+        assert r['predicted'][key]['speedup_vs_ar'] == pytest.approx(want)
+        if not is_tree:
+          cell = (r['task'], r['temperature'])
+          best[cell] = max(best.get(cell, 0.0), want)
+      for r in trees['rows']:
+        assert r['predicted'][key]['speedup_vs_best_chain'] == pytest.approx(
+            r['predicted'][key]['speedup_vs_ar'] / best[(r['task'], r['temperature'])])
 
 
 def test_trees_are_predicted_with_their_own_verify_calls(tiny):
@@ -129,6 +162,8 @@ def test_trees_are_predicted_with_their_own_verify_calls(tiny):
     assert costs[f'step_{k}']['flops'] <= costs[f'tree_{k}']['flops'] < 1.2 * costs[
         f'step_{k}']['flops']
   assert "## Draft trees at the paper's sizes (predicted)" in text
+  # the draft's own calls of results/dynamic_tree's g3+w2: its re-feed and two tree calls
+  assert {'step_4', 'tree_3', 'tree_5'} <= set(data['per_device_costs']['1']['small'])
 
 
 def test_markdown_is_labelled_as_predictions(tiny):

@@ -304,31 +304,38 @@ def predict(models: Mapping[int, Mapping[str, Any]], target: str = paper.TARGET,
 
 
 def run(tiny: bool = False, num_partitions: Sequence[int] = (1, 8),
-        trees: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+        trees: Optional[Sequence[Mapping[str, Any]]] = None) -> Dict[str, Any]:
   """Compiles every size for each partition count (1 among them: the per-device shares
   are relative to it) and predicts; returns the report's data. `trees`
-  (compiled_trees.load): the target's calls its decodes verify are compiled too, and its
-  rows predicted (data['trees'])."""
+  (compiled_trees.load: tree results files): the target's calls their decodes verify and
+  the draft's calls of their dynamic trees are compiled too, and their rows predicted
+  (data['trees'], one entry per file)."""
   if 1 not in num_partitions:
     raise ValueError(f'num_partitions must include 1, got {num_partitions}.')
   enc_len, target_len = TINY_LENGTHS if tiny else (INPUT_LEN, TARGET_LEN)
   gammas = sorted({row.gamma for row in paper.TABLE_2})
   cache_lens = [target_len + g + 1 for g in gammas]
-  chain_ks, tree_ks = compiled_trees.call_sizes(trees['rows']) if trees else ([], [])
+  sizes = compiled_trees.call_sizes([r for t in trees or () for r in t['rows']])
+  chain_ks, tree_ks = sizes['target']
+  draft_ks, draft_tree_ks = sizes['draft']
   target_ks = sorted({1, *chain_ks, *(g + 1 for g in gammas)})
+  calls = {paper.TARGET: (target_ks, tree_ks),  # (step sizes, tree sizes) per model
+           compiled_trees.DRAFT: (sorted({1, *draft_ks}), draft_tree_ks)}
   cfgs = configs(tiny)
   models: Dict[int, Dict[str, Any]] = {}
   for n in num_partitions:
     mesh = host_mesh(n)
-    models[n] = {size: compile_model(
-        cfg, mesh, target_ks if size == paper.TARGET else [1], enc_len, max(cache_lens),
-        cache_lens, BATCHES, tree_ks if size == paper.TARGET else ())
-        for size, cfg in cfgs.items()}
+    models[n] = {}
+    for size, cfg in cfgs.items():
+      ks, trees_ks = calls.get(size, ([1], ()))
+      models[n][size] = compile_model(cfg, mesh, ks, enc_len, max(cache_lens), cache_lens,
+                                      BATCHES, trees_ks)
   out = {'lengths': {'input': enc_len, 'target': target_len, 'cache': max(cache_lens)},
          'chips': [dataclasses.asdict(c) for c in CHIPS],
          'configs': {size: str(cfg) for size, cfg in cfgs.items()},
          'models': {str(n): m for n, m in models.items()}}
   out.update(predict(models, target_len=target_len))
   if trees:
-    out['trees'] = dict(trees, rows=compiled_trees.predict(out['call_seconds'], trees['rows']))
+    out['trees'] = [dict(t, rows=compiled_trees.predict(out['call_seconds'], t['rows']))
+                    for t in trees]
   return json.loads(json.dumps(out))  # exactly what the JSON file holds (string keys)

@@ -4,23 +4,8 @@ Every experiment decodes the same demo test rows with autoregressive decoding (A
 base) and with each of its decodes, timed interleaved after compilation (harness), and
 reports per (task, temperature, decode) one row: alpha, tokens per target call, drafts per
 step, accepted tokens by source, seconds, speedup over AR and over the best plain chain,
-and whether the tokens equal AR's (greedy). A decode is named by a spec:
-
-  g<gamma>[+c<n>][+s<k1>.<k2>...][+w<W>[s][+n<M>]][+block][+conf[<threshold>]][+ra<c>]
-  [+l<lenience>][@<draft>]
-
-  +c<n>     DecodeConfig.copy_branch = n (a copy branch of n tokens in the verified tree)
-  +s<k..>   DecodeConfig.draft_siblings = (k1, k2, ...) (the draft's runner-up tokens)
-  +w<W>     DecodeConfig.draft_tree_width = W (the draft's dynamic tree: gamma levels of W)
-  +w<W>s    the same with draft_tree_sampled (at t > 0 each level drawn from q)
-  +n<M>     DecodeConfig.draft_tree_nodes = M (of them, the M of largest path probability)
-  +block    verifier='block' (block verification)
-  +conf<t>  gamma_policy=GammaPolicy('confidence', threshold=t) (t omitted: its default)
-  +ra<c>    gamma_policy=GammaPolicy('running_alpha', cost_ratio=c)
-  +l<x>     lenience = x (x < 1 is LOSSY: the output no longer follows the target)
-  @<draft>  the draft: a demo model ('demo_draft_m', the default; any checkpoints/demo
-            model), an n-gram ('bigram', 'unigram'), 'copy' (prompt lookup, uniform
-            fallback) or 'copy:<draft>' (prompt lookup falling back to <draft>)
+and whether the tokens equal AR's (greedy). A decode is named by a spec of
+research/decode_specs.py's grammar (g<gamma>[+c<n>][+w<W>]...[@<draft>]).
 
 `EXPERIMENTS` holds the presets whose results/<name>.* files the repository keeps; any
 flag of the script overrides a preset's value (--decodes included), so a new comparison
@@ -30,18 +15,18 @@ is a new preset or a command line, not a new script.
 from __future__ import annotations
 
 import dataclasses
-import re
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
 from specdec_t5x.algorithm import stats as stats_lib
-from specdec_t5x.algorithm.config import DecodeConfig, GammaPolicy
+from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.algorithm.drafts import CopyDraft
 from specdec_t5x.research import demo_data, evaluation, speed
+from specdec_t5x.research.decode_specs import (DEFAULT_DRAFT, is_chain,  # noqa: F401
+                                               parse_decode)
 
 BASE = 'AR'
-DEFAULT_DRAFT = 'demo_draft_m'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,55 +95,6 @@ EXPERIMENTS: Dict[str, Experiment] = {
         'g2,g2+block,g4,g4+block', tasks='ende,summarize', temperatures=(1.0,), rows=12,
         repeats=3, precise=64),
 }
-
-_G = re.compile(r'g(\d+)$')
-_PARTS: Tuple[Tuple[re.Pattern, Callable[[re.Match], Dict[str, Any]]], ...] = (
-    (re.compile(r'c(\d+)$'), lambda m: dict(copy_branch=int(m.group(1)))),
-    (re.compile(r's(\d+(?:\.\d+)*)$'),
-     lambda m: dict(draft_siblings=tuple(int(k) for k in m.group(1).split('.')))),
-    (re.compile(r'w(\d+)(s?)$'), lambda m: dict(draft_tree_width=int(m.group(1)),
-                                                 **({'draft_tree_sampled': True}
-                                                    if m.group(2) else {}))),
-    (re.compile(r'n(\d+)$'), lambda m: dict(draft_tree_nodes=int(m.group(1)))),
-    (re.compile(r'block$'), lambda m: dict(verifier='block')),
-    (re.compile(r'conf([\d.]*)$'), lambda m: dict(gamma_policy=GammaPolicy(
-        'confidence', **({'threshold': float(m.group(1))} if m.group(1) else {})))),
-    (re.compile(r'ra([\d.]+)$'),
-     lambda m: dict(gamma_policy=GammaPolicy('running_alpha', cost_ratio=float(m.group(1))))),
-    (re.compile(r'l([\d.]+)$'), lambda m: dict(lenience=float(m.group(1)))),
-)
-
-
-def parse_decode(spec: str) -> Tuple[Dict[str, Any], str]:
-  """'g2+c3+s2.1@bigram' -> (dict(gamma=2, copy_branch=3, draft_siblings=(2, 1)), 'bigram').
-  The settings are validated by DecodeConfig before anything loads."""
-  body, _, draft = spec.partition('@')
-  first, *rest = body.split('+')
-  m = _G.match(first)
-  if not m or spec.endswith('@'):
-    raise ValueError(f'a decode is g<gamma>[+c<n>][+s<k1>.<k2>...][+w<W>[+n<M>]][+block]'
-                     f'[+conf[<t>]]'
-                     f'[+ra<c>][+l<x>][@<draft>], got {spec!r}')
-  settings: Dict[str, Any] = dict(gamma=int(m.group(1)))
-  for part in rest:
-    parsed = [fn(mm) for pattern, fn in _PARTS for mm in [pattern.match(part)] if mm]
-    if not parsed:
-      raise ValueError(f'{spec!r}: unknown part {part!r} (c<n>, s<k1>.<k2>, w<W>, n<M>, block, '
-                       'conf[<t>], ra<c>, l<x>)')
-    if set(parsed[0]) & set(settings):
-      raise ValueError(f'{spec!r}: {part!r} sets {sorted(parsed[0])} twice')
-    settings.update(parsed[0])
-  try:
-    DecodeConfig(**settings)
-  except (TypeError, ValueError) as e:
-    raise ValueError(f'{spec!r}: {e}') from None
-  return settings, draft or DEFAULT_DRAFT
-
-
-def is_chain(spec: str) -> bool:
-  """Whether `spec` is the paper's plain chain with the default draft (g<gamma> alone)."""
-  return bool(_G.match(spec))
-
 
 class Drafts:
   """The drafts of one task by name, each loaded once."""
