@@ -135,13 +135,13 @@ def _check_tree_predictions(data):
       chip, n = key.split(' x')
       t = data['call_seconds'][n][chip]
       best = {}
-      for r in trees['rows']:
+      for i, r in enumerate(trees['rows']):
         k = r['verified_positions']
         is_tree = '+' in r['decode']  # +c<n> / +s<k> / +w<W>: a copy branch, siblings, own tree
         assert r['tree'] == is_tree
         verify = t['xxl'][f"{'tree' if is_tree else 'step'}_{k}"]
-        want = r['mean_tokens_per_target_call'] * t['xxl']['step_1'] / (
-            verify + _draft_seconds(r, t['small']))
+        tokens = tree_rows[i].get('tpc_precise') or r['mean_tokens_per_target_call']
+        want = tokens * t['xxl']['step_1'] / (verify + _draft_seconds(r, t['small']))
         assert r['predicted'][key]['speedup_vs_ar'] == pytest.approx(want)
         if not is_tree:
           cell = (r['task'], r['temperature'])

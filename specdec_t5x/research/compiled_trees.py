@@ -8,9 +8,10 @@ T5-small draft and T5-XXL target:
 
   speedup over AR = tokens per target call x t_step / (t_verify + t_drafts)
 
-where t_step is the target's one-token step and t_verify the target's call over the
-decode's verified positions: `step_<k>` for a chain of k positions, `tree_<k>` for a tree
-of k nodes (the same call with the tree's attention layout), `step_1` for AR. t_drafts is
+(tokens per target call: the experiment's precise count where it made one) where t_step
+is the target's one-token step and t_verify the target's call over the decode's verified
+positions: `step_<k>` for a chain of k positions, `tree_<k>` for a tree of k nodes (the
+same call with the tree's attention layout), `step_1` for AR. t_drafts is
 the draft's calls per step: draft calls x its one-token step for a chain and a static
 tree; for the draft's dynamic tree of gamma levels of W (draft_tree_width) its own calls,
 the re-feed of the last gamma + 1 tokens (`step_<gamma + 1>`) and one tree call over the
@@ -74,6 +75,12 @@ def call_sizes(rows: Sequence[Mapping[str, Any]]) -> Dict[str, Tuple[List[int], 
   return {'target': (chains, trees), 'draft': (size('step_'), size('tree_'))}
 
 
+def tokens_per_call(row: Mapping[str, Any]) -> float:
+  """A decode's tokens per target call: the precise count where the experiment made one
+  (many inputs and rngs: t > 0), else the timed rows' mean."""
+  return row.get('tpc_precise') or row['mean_tokens_per_target_call']
+
+
 def verify_program(row: Mapping[str, Any]) -> str:
   k = row['verified_positions']
   return f'tree_{k}' if is_tree(row) else f'step_{k}'
@@ -85,7 +92,7 @@ def predict(call_seconds: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
   speedup_vs_best_chain}}; the best chain is the fastest predicted chain (AR included) of
   the same task and temperature on the same chip."""
   out = [dict({k: r[k] for k in FIELDS}, tree=is_tree(r), draft_programs=draft_programs(r),
-              predicted={}) for r in rows]
+              tokens_per_call=tokens_per_call(r), predicted={}) for r in rows]
   for n, chips in call_seconds.items():
     for chip, t in chips.items():
       key = f'{chip} x{n}'
@@ -98,7 +105,7 @@ def predict(call_seconds: Mapping[str, Any], rows: Sequence[Mapping[str, Any]],
         cost = t_verify + t_drafts
         r['predicted'][key] = {'verify_ratio': t_verify / t_step,
                                'draft_calls_over_steps': t_drafts / t_draft,
-                               'speedup_vs_ar': r['mean_tokens_per_target_call'] * t_step / cost}
+                               'speedup_vs_ar': r['tokens_per_call'] * t_step / cost}
       for r in out:
         same = [o['predicted'][key]['speedup_vs_ar'] for o in out if not o['tree']
                 and (o['task'], o['temperature']) == (r['task'], r['temperature'])]
@@ -128,7 +135,7 @@ def lines(trees: Optional[Sequence[Mapping[str, Any]]],
     rows = []
     for r in section['rows']:
       cells = [r['task'], f"{r['temperature']:g}", r['decode'], r['verified_positions'],
-               f"{r['mean_tokens_per_target_call']:.2f}", r['draft_calls']]
+               f"{r['tokens_per_call']:.2f}", r['draft_calls']]
       for key in keys:
         p = r['predicted'][key]
         cells += [f"{p['verify_ratio']:.2f}", f"{p['draft_calls_over_steps']:.2f}",
