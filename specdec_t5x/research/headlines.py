@@ -201,20 +201,21 @@ def _dynamic_tree(d):
 
 def _sampled_tree(d):
   """Tokens per target call at t = 1 (the precise count): per task, the drawn tree that
-  gains most over the chain of as many draft calls, beside the top-W tree of its shape."""
+  gains most over the chain of as many draft calls; and the drawn trees over the top-W
+  trees of their shapes."""
   tpc = lambda r: r.get('tpc_precise') or r['mean_tokens_per_target_call']
-  parts = []
+  parts, over_top = [], []
   for task in dict.fromkeys(r['task'] for r in d['results']):
     rows = {r['decode']: r for r in d['results'] if r['task'] == task and r['decode'] != 'AR'}
-    pairs = [(tpc(r) / tpc(rows[name.split('+')[0]]), name) for name, r in rows.items()
-             if name.endswith('s') and name.split('+')[0] in rows]
-    ratio, name = max(pairs)
-    chain, top = name.split('+')[0], name[:-1]
+    drawn = [name for name in rows if name.endswith('s') and name.split('+')[0] in rows]
+    over_top += [tpc(rows[name]) / tpc(rows[name[:-1]]) for name in drawn if name[:-1] in rows]
+    ratio, name = max((tpc(rows[name]) / tpc(rows[name.split('+')[0]]), name) for name in drawn)
+    chain = name.split('+')[0]
     parts.append(f"{task}: {name} {tpc(rows[name]):.2f} vs {chain} {tpc(rows[chain]):.2f} "
-                 f"({ratio:.2f}x, {rows[name]['verified_positions']} positions)"
-                 + (f", {top} {tpc(rows[top]):.2f}" if top in rows else ''))
+                 f"({ratio:.2f}x, {rows[name]['verified_positions']} positions)")
   return ('t=1 tokens per target call, levels drawn from q over the chain of as many draft '
-          'calls (and the top-W tree of the same shape): ' + '; '.join(parts))
+          'calls, best: ' + '; '.join(parts) + f'; over the top-W tree of the same shape: '
+          f'{min(over_top):.2f}-{max(over_top):.2f}x')
 
 
 def _tree_bound(d):
