@@ -214,11 +214,16 @@ CASES = {  # (target, draft) table settings: plain, sharpened, top-k and top-p (
 }
 
 
-def run_case(name, seed, rule=None):
+def tables(name, seed):
+  """A case's target and draft tables, and the rng that builds and walks its trees."""
   p_kw, q_kw = CASES[name]
   p_tab, logits = make_table(seed, **p_kw)
   q_tab, _ = make_table(seed + 1, base=logits, **q_kw)
-  rs = np.random.RandomState(seed + 2)
+  return p_tab, q_tab, np.random.RandomState(seed + 2)
+
+
+def run_case(name, seed, rule=None):
+  p_tab, q_tab, rs = tables(name, seed)
   tree = build_trees(rs, ROWS, p_tab, q_tab)
   uniforms = rs.random((ROWS, N)).astype(np.float32)
   path, n_acc, dist = RULE(tree['parents'], tree['tokens'], tree['sampled'], tree['valid'],

@@ -13,8 +13,8 @@ import pytest
 
 from specdec_t5x.algorithm import tree_accept
 from test_distribution import chi2_pvalue, counts_of
-from test_tree_accept import (CASES, KMAX, MIN_BRANCH, N, ROWS, V, child_code, draw, emitted,
-                              exact_law, make_table)
+from test_tree_accept import (KMAX, MIN_BRANCH, N, ROWS, child_code, draw, emitted, exact_law,
+                              tables)
 
 # parents: three children of the root, two of most nodes below, depth 4 (the tables')
 PARENTS = np.array([-1, 0, 0, 0, 1, 1, 2, 2, 4, 4, 6, 8, 8, 3, 5, 9], np.int32)
@@ -50,10 +50,7 @@ def build(rs, rows, p_tab, q_tab, void=0.1):
 
 
 def run(name, seed, without_replacement=True):
-  p_kw, q_kw = CASES[name]
-  p_tab, logits = make_table(seed, **p_kw)
-  q_tab, _ = make_table(seed + 1, base=logits, **q_kw)
-  rs = np.random.RandomState(seed + 2)
+  p_tab, q_tab, rs = tables(name, seed)
   tree = build(rs, ROWS, p_tab, q_tab)
   uniforms = rs.random((ROWS, N)).astype(np.float32)
   path, n_acc, dist = map(np.asarray, RULE(
