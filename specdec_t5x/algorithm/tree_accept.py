@@ -172,7 +172,8 @@ def accept_sampled(parents: jax.Array, tokens: jax.Array, sampled: jax.Array,
   q_par = jnp.take_along_axis(q, jnp.maximum(parents, 0)[:, :, None], axis=1)
   current = jnp.zeros((b,), jnp.int32)  # [b] the last accepted node
   r = p[:, 0]  # [b, V] the residual at `current`
-  drawn = jnp.zeros((b, v), bool)  # the tokens of current's sampled children so far
+  # without replacement: the tokens of current's sampled children so far
+  drawn = jnp.zeros((b, v), bool) if without_replacement else None
   for i in range(1, n):
     par = parents[:, i]
     tested = valid[:, i] & (par == current)
