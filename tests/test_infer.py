@@ -289,11 +289,15 @@ def test_compare_baseline_takes_turns_going_first_chunk_by_chunk(tmp_path, monke
                    ('base', 2), ('base', 3), ('spec', 2), ('spec', 3)]
 
 
-def test_compare_baseline_interleaves_ar_and_matches_greedy(tmp_path):
+@pytest.mark.parametrize('tree', [[], ['--gin.config.DecodeConfig.draft_tree_width=2']],
+                         ids=['chain', 'dynamic_tree'])
+def test_compare_baseline_interleaves_ar_and_matches_greedy(tmp_path, tree):
+  """With a draft tree too: the baseline decodes the target alone, without the tree."""
   tasks.register_tasks()
   metrics = infer.main(['--gin_file=configs/spec_tiny_test.gin',
                         f"--gin.INFER_OUTPUT_DIR='{tmp_path}'",
-                        '--gin.infer.compare_baseline=True'])
+                        '--gin.infer.compare_baseline=True'] + tree)
+  assert metrics.get('draft_tree_width', 0) == (2 if tree else 0)
   spec = _lines(tmp_path / 'demo_ende-predict_with_aux.jsonl-00000-of-00001')
   base = _lines(tmp_path / 'demo_ende-predict_with_aux-baseline.jsonl-00000-of-00001')
   assert [r['prediction'] for r in spec] == [r['prediction'] for r in base]  # greedy: exact

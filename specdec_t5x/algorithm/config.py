@@ -309,6 +309,13 @@ class DecodeConfig:
     """A copy with `fields` changed (validated again)."""
     return dataclasses.replace(self, **fields)
 
+  def without_tree(self) -> 'DecodeConfig':
+    """These settings with no draft tree (copy_branch, draft_siblings and the draft_tree_
+    fields cleared): what the same run's autoregressive baseline decodes with, as a target
+    alone verifies no tree."""
+    return self.replace(copy_branch=0, draft_siblings=(), draft_tree_width=0,
+                        draft_tree_nodes=0, draft_tree_sampled=False)
+
   def describe(self) -> Dict[str, Any]:
     """JSON-friendly settings (metrics.json's run settings). gamma_alpha only for
     gamma='auto', gamma_policy only when not 'fixed', the tree settings only when set, so

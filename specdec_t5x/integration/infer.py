@@ -153,6 +153,7 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
   if compare_baseline and model.is_speculative:  # Target-only runs, batch by batch.
     base_model = copy.copy(model)
     base_model.draft_module = None
+    base_model.decode_config = model.decode_config.without_tree()  # the target alone
     base_fname = output_fname.replace(f'{mode}.jsonl', f'{mode}-baseline.jsonl')
     base_store = ChunkStore(os.path.join(output_dir, f'tmp-{name}-baseline-{shard_id:05}'),
                             base_fname, fingerprint)
