@@ -96,6 +96,16 @@ def _tree_rows():
           for r in json.loads((REPO / name).read_text())['results']]
 
 
+def _dynamic_draft_calls(decode):
+  """A dynamic tree g<gamma>+w<W>'s draft calls per step: its re-feed of gamma + 1 tokens
+  and its tree calls over 1 + W d nodes (d < gamma); [] for any other decode."""
+  m = re.match(r'g(\d+)\+w(\d+)', decode)
+  if not m:
+    return []
+  gamma, width = int(m.group(1)), int(m.group(2))
+  return [f'step_{gamma + 1}'] + [f'tree_{1 + width * d}' for d in range(1, gamma)]
+
+
 def _expected_programs():
   """The programs each model needs: the target's for the paper's rows (gamma 3, 5, 7) and
   each tree decode's verify call; the draft's for each dynamic tree's calls."""
@@ -103,22 +113,16 @@ def _expected_programs():
   for r in _tree_rows():
     if r['verified_positions'] > 1:
       xxl.add(f"{'tree' if '+' in r['decode'] else 'step'}_{r['verified_positions']}")
-    m = re.match(r'g(\d+)\+w(\d+)', r['decode'])
-    if m:
-      gamma, width = int(m.group(1)), int(m.group(2))
-      small |= {f'step_{gamma + 1}'} | {f'tree_{1 + width * d}' for d in range(1, gamma)}
+    small.update(_dynamic_draft_calls(r['decode']))
   return {'xxl': xxl, 'small': small}
 
 
 def _draft_seconds(row, t_draft):
-  """A step's draft calls: a dynamic tree g<gamma>+w<W>'s re-feed of gamma + 1 tokens and
-  its tree calls over 1 + W d nodes (d < gamma); else draft calls x the one-token step."""
-  m = re.match(r'g(\d+)\+w(\d+)', row['decode'])
-  if not m:
-    return row['draft_calls'] * t_draft['step_1']
-  gamma, width = int(m.group(1)), int(m.group(2))
-  return t_draft[f'step_{gamma + 1}'] + sum(t_draft[f'tree_{1 + width * d}']
-                                            for d in range(1, gamma))
+  """A step's draft calls: a dynamic tree's own (_dynamic_draft_calls), else draft calls x
+  the one-token step."""
+  calls = _dynamic_draft_calls(row['decode'])
+  return (sum(t_draft[name] for name in calls) if calls
+          else row['draft_calls'] * t_draft['step_1'])
 
 
 def _check_tree_predictions(data):

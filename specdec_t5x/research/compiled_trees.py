@@ -27,6 +27,7 @@ import json
 import pathlib
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.research import decode_specs, harness, paper
 
 DRAFT = 'small'  # the paper's draft of the design card (configs/spec_t5_small_xxl.gin)
@@ -49,18 +50,25 @@ def load(paths: str) -> Optional[List[Dict[str, Any]]]:
   return out or None
 
 
+def _config(row: Mapping[str, Any]) -> Optional[DecodeConfig]:
+  """The DecodeConfig a decode's spec names; None for AR."""
+  return None if row['decode'] == 'AR' else DecodeConfig(
+      **decode_specs.parse_decode(row['decode'])[0])
+
+
 def is_tree(row: Mapping[str, Any]) -> bool:
   """Whether a decode verifies a tree (a copy branch, siblings or the draft's own tree)."""
-  return bool(decode_specs.tree_settings(row['decode']))
+  config = _config(row)
+  return bool(config and config.tree)
 
 
 def draft_programs(row: Mapping[str, Any]) -> Optional[List[str]]:
   """The draft's calls per step of a dynamic-tree decode (module docstring); None for a
   chain or a static tree (draft calls x the draft's one-token step)."""
-  width = decode_specs.tree_settings(row['decode']).get('draft_tree_width')
-  if not width:
+  config = _config(row)
+  if not (config and config.draft_tree_width):
     return None
-  gamma = decode_specs.parse_decode(row['decode'])[0]['gamma']
+  gamma, width = config.gamma, config.draft_tree_width
   return [f'step_{gamma + 1}'] + [f'tree_{1 + width * d}' for d in range(1, gamma)]
 
 

@@ -74,12 +74,3 @@ def is_chain(spec: str) -> bool:
   """Whether `spec` is the paper's plain chain with the default draft (g<gamma> alone)."""
   return bool(_G.match(spec))
 
-
-def tree_settings(spec: str) -> Dict[str, Any]:
-  """A spec's draft-tree fields (copy_branch, draft_siblings, draft_tree_width,
-  draft_tree_nodes, draft_tree_sampled) that it sets; {} for a chain or 'AR'."""
-  if spec == 'AR':
-    return {}
-  fields = ('copy_branch', 'draft_siblings', 'draft_tree_width', 'draft_tree_nodes',
-            'draft_tree_sampled')
-  return {k: v for k, v in parse_decode(spec)[0].items() if k in fields}
