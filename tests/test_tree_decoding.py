@@ -30,7 +30,7 @@ from conftest import random_inputs
 import test_distribution as td
 from test_decoding import _eos_mid_batch
 from specdec_t5x import generate
-from specdec_t5x.algorithm import api, feature_draft, sampling, tree_accept, tree_decoding
+from specdec_t5x.algorithm import api, sampling, tree_accept, tree_decoding
 from specdec_t5x.algorithm import tree as tree_lib
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.algorithm.drafts import CopyDraft, UnigramDraft
@@ -319,19 +319,12 @@ def test_runner_up_is_the_drafts_next_choices_without_its_own():
                                 [[1, 2, 3], [0, 2, 1]])  # a sampled token outside the top
 
 
-def test_copy_branch_needs_a_token_draft(target_and_draft):
-  """Without a draft (autoregressive) or with a feature head as the draft, copy_branch
-  raises before anything is traced; copy_branch=0 is the chain's own configuration."""
+def test_copy_branch_needs_a_draft(target_and_draft):
+  """Without a draft (autoregressive) copy_branch raises before anything is traced;
+  copy_branch=0 is the chain's own configuration."""
   target, _ = target_and_draft
-  enc = random_inputs(1, 4, VOCAB)
   with pytest.raises(ValueError, match='copy_branch'):
-    generate(target, enc, copy_branch=2, max_decode_length=4)
-  config = feature_draft.FeatureDraftConfig(vocab_size=VOCAB, target_emb_dim=32, emb_dim=16,
-                                            num_heads=2, head_dim=8, mlp_dim=32)
-  head = (feature_draft.FeatureDraft(config),
-          feature_draft.init_params(config, jax.random.PRNGKey(0), target[1]))
-  with pytest.raises(ValueError, match='copy_branch'):
-    generate(target, enc, draft=head, copy_branch=2, max_decode_length=4)
+    generate(target, random_inputs(1, 4, VOCAB), copy_branch=2, max_decode_length=4)
   assert DecodeConfig(copy_branch=0) == DecodeConfig()
   assert 'copy_branch' not in DecodeConfig(copy_branch=0).describe()
   assert DecodeConfig(copy_branch=3).describe()['copy_branch'] == 3

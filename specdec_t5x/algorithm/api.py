@@ -200,9 +200,11 @@ def _log_sharded(devices: int) -> None:
 
 def _extend_fn(module, variables, *extra) -> decoding.ExtendFn:
   """`module.extend` bound to `variables`; `extra` arguments follow the ExtendFn's own
-  (return_features=True and the feature layers, for a target read by a feature draft)."""
-  def fn(cache, tokens, positions, *args):
-    return module.apply(variables, cache, tokens, positions, *args, *extra, method='extend')
+  (return_features=True and the feature layers, for a target read by a feature draft), and
+  a draft tree comes by keyword (`tree=parents`)."""
+  def fn(cache, tokens, positions, *args, **tree):
+    return module.apply(variables, cache, tokens, positions, *args, *extra, **tree,
+                        method='extend')
   return fn
 
 
@@ -263,17 +265,17 @@ def decode_program(target_module, draft_module, *, max_len: int, config: DecodeC
           target_fn, wrap('draft', _extend_fn(draft_module, draft_vars)), target_cache,
           draft_cache, rng, batch=batch, max_len=max_len, config=config, eos_id=eos_id,
           prompt=prompt, settings=settings)
+    head = dict(feature_dim=draft_module.config.feature_dim if features else None,
+                draft_vocab=feature_draft.vocabulary(draft_module.config) if features else None)
     if config.tree:
       return tree_decoding.tree_speculative_decode(
           target_fn, wrap('draft', _extend_fn(draft_module, draft_vars)), target_cache,
           draft_cache, rng, encoder_tokens, batch=batch, max_len=max_len, config=config,
-          eos_id=eos_id, prompt=prompt, settings=settings)
+          eos_id=eos_id, prompt=prompt, settings=settings, **head)
     return decoding.speculative_decode(
         target_fn, wrap('draft', _extend_fn(draft_module, draft_vars)), target_cache,
         draft_cache, rng, batch=batch, max_len=max_len, config=config, eos_id=eos_id,
-        prompt=prompt, feature_dim=draft_module.config.feature_dim if features else None,
-        draft_vocab=feature_draft.vocabulary(draft_module.config) if features else None,
-        settings=settings)
+        prompt=prompt, settings=settings, **head)
 
   return run
 
@@ -370,8 +372,10 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
                        '(models.py, auto_gamma.py); generate needs an integer gamma.')
     check_vocab_sizes(target_module, draft_module)
     check_feature_draft(target_module, draft_module)
+  vocab = feature_draft.vocabulary(draft_module.config) if reads_features(draft_module) else None
   why = tree_decoding.check(config, reads_features(draft_module), draft is not None,
-                           isinstance(draft_module, network.Transformer))
+                           isinstance(draft_module, network.Transformer),
+                           None if vocab is None else len(vocab.ids))
   if why:
     raise ValueError(why)
   rng = jax.random.PRNGKey(0) if rng is None else rng

@@ -148,7 +148,7 @@ def dynamic_tree_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, d
     q = jnp.zeros((batch, num_nodes, frontier.shape[-1]), jnp.float32) if drawn else None
     for d in range(gamma):
       if d:  # the draft after each node of level d, from one call over the tree so far
-        logits, draft_cache = draft_fn(draft_cache, tokens, s.length, False, (), parents)
+        logits, draft_cache = draft_fn(draft_cache, tokens, s.length, tree=parents)
         frontier = logits[:, -width:]
       draft_bad |= ~jnp.all(jnp.isfinite(frontier), axis=(1, 2))
       if drawn:  # q after each node grown from (the law of its children), for the walk
@@ -166,7 +166,7 @@ def dynamic_tree_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, d
     valid = (node_depth <= limit[:, None]) | (jnp.arange(num_nodes) == 0)[None, :]
     if drawn:  # a draw after q's mass ran out is void
       valid &= jnp.isfinite(jnp.concatenate([jnp.zeros((batch, 1))] + path_scores, axis=1))
-    logits, target_cache = target_fn(s.target_cache, tokens, s.length, False, (), parents)
+    logits, target_cache = target_fn(s.target_cache, tokens, s.length, tree=parents)
     if cfg.greedy:
       best, bad = sampling.argmax_checked(logits)  # [b, N] each
       path, n_acc, token = tree_accept.accept_greedy(parents, tokens, best, valid, gamma)

@@ -40,7 +40,8 @@ from specdec_t5x.algorithm import rows, sampling, tree, tree_accept
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.algorithm.decoding import (ExtendFn, _emit, _finish, _init_state, _split_keys,
                                             _with_prompt, count_step)
-from specdec_t5x.algorithm.drafting import draft_unrolled
+from specdec_t5x.algorithm.drafting import (DraftVocabulary, draft_unrolled, feature_drafter,
+                                            full_distributions)
 from specdec_t5x.algorithm.stats import DecodeStats
 
 COPY_NGRAM = 3  # the longest suffix the copy branch looks up
@@ -116,13 +117,17 @@ def tree_layout(chain, copy, copy_known, num_drafted, limit):
   return parents.astype(jnp.int32), jnp.concatenate([chain, copy], axis=1), valid, sampled
 
 
-def runner_up(logits, chosen, k: int):
+def runner_up(logits, chosen, k: int, vocab: Optional[DraftVocabulary] = None):
   """The k most likely tokens of logits [b, V] other than chosen [b] -> [b, k] int32, most
-  likely first (ties: the lower id first)."""
+  likely first (ties: the lower id first). With `vocab` the logits' columns are its ids
+  (a reduced draft vocabulary): chosen and the result are token ids all the same."""
+  if vocab is not None:
+    chosen = jnp.take(jnp.asarray(vocab.columns), chosen)
   _, top = jax.lax.top_k(logits, k + 1)  # [b, k + 1]
   other = top != chosen[:, None]
   order = jnp.argsort(~other, axis=1, stable=True)[:, :k]  # the first k others, in order
-  return jnp.take_along_axis(top, order, axis=1).astype(jnp.int32)
+  out = jnp.take_along_axis(top, order, axis=1).astype(jnp.int32)
+  return out if vocab is None else jnp.take(jnp.asarray(vocab.ids), out)
 
 
 def with_siblings(layout, sibling_tokens, sibling_depth, num_drafted):
@@ -147,18 +152,26 @@ def with_siblings(layout, sibling_tokens, sibling_depth, num_drafted):
 def tree_speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, draft_cache,
                             rng, encoder_tokens, *, batch: int, max_len: int,
                             config: DecodeConfig, eos_id: int, prompt=None,
-                            settings: Optional[sampling.Sampling] = None
+                            settings: Optional[sampling.Sampling] = None,
+                            feature_dim: Optional[int] = None,
+                            draft_vocab: Optional[DraftVocabulary] = None
                             ) -> Tuple[jax.Array, DecodeStats]:
   """decoding.speculative_decode with a copy branch of config.copy_branch tokens and the
   draft's config.draft_siblings beside its chain of config.gamma (the module docstring).
   Returns (tokens [b, max_len], stats); the length histograms have max(gamma,
-  copy_branch) + 1 entries. `settings`: as decoding.speculative_decode's."""
+  copy_branch) + 1 entries. `settings`, `feature_dim` and `draft_vocab`: as
+  decoding.speculative_decode's (a feature head drafts the chain; the next step's first
+  head call reads the target's features along the accepted path, as a chain call over the
+  path gives them)."""
   gamma, c, cfg = config.gamma, config.copy_branch, settings or config.sampling
   siblings = config.draft_siblings
   sibling_depth = [t + 1 for t, k in enumerate(siblings) for _ in range(k)]  # [S]
   depth_max = max(gamma, c)
   num_nodes = 1 + config.tree_nodes
   state = _init_state(batch, max_len, num_nodes, rng, target_cache, draft_cache, depth_max)
+  if feature_dim is not None:  # before BOS: zero features, "verified" at position -1
+    state = state.replace(features=jnp.zeros((batch, depth_max + 1, feature_dim), jnp.float32),
+                          feature_start=jnp.full((batch,), -1, jnp.int32))
   if prompt is not None:
     state = _with_prompt(state, prompt, max_len, target_fn, draft_fn)
 
@@ -174,12 +187,19 @@ def tree_speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cach
     room = jnp.where(active, max_len - s.length - 1, 0)  # [b] tokens that can be drafted
     num_steps = jnp.clip(jnp.max(room), 0, gamma)
     limit = jnp.minimum(room, depth_max)
-    # The draft re-reads the last depth_max + 1 tokens (positions start .. start + D).
-    start = jnp.maximum(s.length - depth_max, -1)
-    logits, carry = draft_fn(s.draft_cache, rows.window(s.seq, start + 1, depth_max + 1), start)
-    first = (jnp.take_along_axis(logits, (s.length - start)[:, None, None], axis=1)[:, 0], carry)
-    xs, qs, draft_cache, _, _, draft_bad, draft_logits = draft_unrolled(
-        first, step, s, keys, num_steps, gamma, cfg, with_logits=True)
+    if feature_dim is None:
+      # The draft re-reads the last depth_max + 1 tokens (positions start .. start + D).
+      start = jnp.maximum(s.length - depth_max, -1)
+      logits, carry = draft_fn(s.draft_cache, rows.window(s.seq, start + 1, depth_max + 1),
+                               start)
+      first = (jnp.take_along_axis(logits, (s.length - start)[:, None, None], axis=1)[:, 0],
+               carry)
+      chain_step = step
+    else:  # the head re-reads the last step's accepted path with the target's features
+      first, chain_step = feature_drafter(draft_fn, s)
+    xs, qs, carry, _, _, draft_bad, draft_logits = draft_unrolled(
+        first, chain_step, s, keys, num_steps, gamma, cfg, draft_vocab, with_logits=True)
+    draft_cache = carry if feature_dim is None else carry[0]
     num_drafted = jnp.minimum(limit, num_steps)
     if c:
       copy, known = copy_continuation(encoder_tokens, s.seq, s.length, c)
@@ -187,20 +207,21 @@ def tree_speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cach
       copy, known = jnp.zeros((batch, 0), jnp.int32), jnp.zeros((batch, 0), bool)
     layout = tree_layout(xs, copy, known, num_drafted, limit)
     if siblings:
-      runners = [runner_up(draft_logits[:, t], xs[:, t], k) for t, k in enumerate(siblings)
-                 if k]
+      runners = [runner_up(draft_logits[:, t], xs[:, t], k, draft_vocab)
+                 for t, k in enumerate(siblings) if k]
       layout = with_siblings(layout, jnp.concatenate(runners, axis=1), sibling_depth,
                              num_drafted)
     parents, nodes, valid, sampled = layout
     last = rows.window(s.seq, s.length + 1, 1)  # [b, 1]
-    logits, target_cache = target_fn(s.target_cache, jnp.concatenate([last, nodes], 1),
-                                     s.length, False, (), parents)
+    out = target_fn(s.target_cache, jnp.concatenate([last, nodes], 1), s.length, tree=parents)
+    logits, target_cache = out[:2]
     tokens = jnp.concatenate([last, nodes], 1)  # [b, N]
     if cfg.greedy:
       best, bad = sampling.argmax_checked(logits)  # [b, N] each
       path, n_acc, token = tree_accept.accept_greedy(parents, tokens, best, valid, depth_max)
     else:
       p, bad = sampling.standardize_checked(logits, cfg)  # [b, N, V]
+      qs = full_distributions(qs, draft_vocab)  # [b, gamma, V]
       q = jnp.concatenate([qs, jnp.zeros((batch, num_nodes - gamma) + qs.shape[2:], qs.dtype)],
                           axis=1)
       uniforms = jax.vmap(lambda k: jax.random.uniform(k, (num_nodes,)))(keys[:, gamma])
@@ -211,6 +232,9 @@ def tree_speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cach
     # sibling at its chain node's
     node_depth = jnp.array([0] + list(range(1, gamma + 1)) + list(range(1, c + 1))
                            + sibling_depth)
+    if feature_dim is not None:  # [b, D + 1, F] the target's features along the path
+      s = s.replace(features=jnp.take_along_axis(out[2], path[:, :, None], axis=1),
+                    feature_start=s.length)
     return commit(s, tokens, parents, valid, path, n_acc, token, node_depth, node_kind,
                   bad=jnp.any(bad, axis=1), draft_bad=draft_bad, target_cache=target_cache,
                   draft_cache=draft_cache, rng=rng, max_len=max_len, eos_id=eos_id)
@@ -251,19 +275,21 @@ def commit(s, tokens, parents, valid, path, n_acc, token, node_depth, node_kind,
 
 
 def check(config: DecodeConfig, draft_reads_features: bool, speculative: bool,
-          draft_is_model: bool = True) -> Optional[str]:
+          draft_is_model: bool = True, draft_columns: Optional[int] = None) -> Optional[str]:
   """Why a draft tree cannot be verified with these settings (None: it can).
   `draft_is_model`: the draft is a T5 model (network.Transformer), whose calls take a tree
-  (what draft_tree_width's draft tree calls need)."""
+  (what draft_tree_width's draft tree calls need). `draft_columns`: the ids a head with a
+  reduced draft vocabulary drafts over (its siblings come from them)."""
   if not config.tree:
     return None
   what = ' and '.join(name for name in ('copy_branch', 'draft_siblings', 'draft_tree_width')
                       if getattr(config, name))
   if not speculative:
     return f'{what} needs a draft (it proposes the tree\'s first branch).'
-  if draft_reads_features:
-    return f'{what} is verified beside a token draft\'s chain, not a feature head\'s.'
-  if config.draft_tree_width and not draft_is_model:
+  if config.draft_tree_width and (draft_reads_features or not draft_is_model):
     return (f'{what} grows the tree with draft tree calls: the draft must be a T5 model '
-            '(network.Transformer), not an n-gram or copy draft.')
+            '(network.Transformer), not a feature head, an n-gram or a copy draft.')
+  if draft_columns is not None and max(config.draft_siblings, default=0) >= draft_columns:
+    return (f'draft_siblings must be < the {draft_columns} ids of the head\'s reduced draft '
+            f'vocabulary at every depth, got {config.draft_siblings}.')
   return None

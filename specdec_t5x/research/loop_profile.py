@@ -105,9 +105,9 @@ def _profile_shape(target, draft, rows: Sequence[np.ndarray], max_len: int,
   """One decode of each batch in `rows` (one shape: one program) under the profiler ->
   (loop iterations, seconds summed by category, loop work's seconds by op_name)."""
   def named(name, fn):
-    def call(*args):
+    def call(*args, **tree):
       with jax.named_scope(SCOPES[name]):
-        return fn(*args)
+        return fn(*args, **tree)
     return call
 
   program = api.decode_program(target[0], draft and draft[0], max_len=max_len,
