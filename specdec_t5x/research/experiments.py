@@ -70,6 +70,17 @@ EXPERIMENTS: Dict[str, Experiment] = {
         'makes as many draft calls as g<gamma> and verifies 1 + W gamma positions.',
         'g2,g3,g4,g6,g2+w2,g3+w2,g2+w2s,g3+w2s,g1+w3s,g2+w3s', temperatures=(1.0,),
         repeats=2, precise=64),
+    'head_tree': Experiment(
+        "Draft trees whose chain the feature head drafts, against single-kind chains",
+        '@demo_feature_head_kd: the feature head (one layer over the target\'s features) '
+        'drafts the chain; +c<n>: a copy branch of n tokens; +s<k1>.<k2>: the head\'s '
+        'k_t runner-up tokens at depth t; all verified in one target call. g5@copy, '
+        'g5@bigram, g5@demo_feature_head_kd and g5 (the small draft model) are the '
+        'single-kind chains of 6 positions, as many as each tree of 6.',
+        'g3@demo_feature_head_kd,g2+s1@demo_feature_head_kd,g5@demo_feature_head_kd,'
+        'g2+c3@demo_feature_head_kd,g3+c2@demo_feature_head_kd,g3+s1.1@demo_feature_head_kd,'
+        'g2+c2+s1@demo_feature_head_kd,g5@copy,g5@bigram,g5', temperatures=(0.0, 1.0),
+        repeats=2, precise=32),
     'copy_draft': Experiment(
         'Copy (prompt-lookup) drafts against learned and n-gram drafts',
         'The same gamma with each draft; copy:<d> copies from the input and falls back '

@@ -218,6 +218,23 @@ def _sampled_tree(d):
           f'{min(over_top):.2f}-{max(over_top):.2f}x')
 
 
+def _head_tree(d):
+  """Greedy tokens per target call (the precise count): per task, the head's best tree
+  against every single-kind chain of as many verified positions."""
+  tpc = lambda r: r.get('tpc_precise') or r['mean_tokens_per_target_call']
+  parts = []
+  for task in dict.fromkeys(r['task'] for r in d['results']):
+    rows = [r for r in d['results'] if r['task'] == task and r['decode'] != 'AR'
+            and not r.get('temperature')]
+    tree = max((r for r in rows if '+' in r['decode']), key=tpc)
+    chains = sorted((r for r in rows if '+' not in r['decode']
+                     and r['verified_positions'] == tree['verified_positions']), key=tpc)
+    parts.append(f"{task}: {tree['decode']} {tpc(tree):.2f} vs chains " + ', '.join(
+        f"{r['decode']} {tpc(r):.2f}" for r in chains))
+  return ('greedy tokens per target call, the feature head\'s best tree against the chains '
+          'of as many positions: ' + '; '.join(parts))
+
+
 def _tree_bound(d):
   """Per task and draft, at 4 verified positions: the best static tree (siblings, searched,
   or with a copy branch) and the dynamic bound, over the chain."""
@@ -281,6 +298,7 @@ HEADLINES: Dict[str, Callable[[Dict[str, Any]], str]] = {
     'peers': _peers, 'block_verification': _block,
     'adaptive_gamma': _best_of('speedup_vs_ar'), 'copy_draft': _best_of('speedup_vs_ar'), 'tree': _tree,
     'tree_bound': _tree_bound, 'dynamic_tree': _dynamic_tree, 'sampled_tree': _sampled_tree,
+    'head_tree': _head_tree,
     'batch_throughput': _batch, 'lenience': _best_of('speedup_vs_ar'),
     'loop_efficiency': _loop_efficiency, 'loop_efficiency_batch8': _loop_efficiency,
     'loop_efficiency_t5_1_1_small': _loop_efficiency,
