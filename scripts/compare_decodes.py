@@ -22,6 +22,7 @@ import dataclasses
 import json
 import sys
 
+import jax
 from tqdm import tqdm
 
 from specdec_t5x.research import demo_data, evaluation, experiments, harness
@@ -67,6 +68,7 @@ def run(exp: experiments.Experiment):
       drafts = experiments.Drafts(task, target[0].config.vocab_size)
       many = demo_data.load_task(task, exp.precise)[0] if exp.precise else None
       for t in exp.temperatures:
+        jax.clear_caches()  # the last cell's programs: the JIT's memory mappings are bounded
         decoders = experiments.decoders(target, enc, exp, task, t, drafts)
         rows = experiments.rows_of(harness.interleaved(decoders, exp.repeats), task, t,
                                    *((vocab, refs) if exp.quality else ()))
