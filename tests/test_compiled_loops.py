@@ -2,9 +2,9 @@
 
 XLA's dot path (as accelerators get it) on 8 fake CPU devices, with T5X's partitioning
 (num_partitions 8: one head per device; 1: data parallel), batch 1 and 8, autoregressive,
-speculative and over draft trees (static and dynamic): the while bodies may copy or
-transpose per-call activations, never a buffer as large as a cache the loop carries or a
-weight.
+speculative and over draft trees (static and dynamic), with a draft model or a feature
+head: the while bodies may copy or transpose per-call activations, never a buffer as large
+as a cache the loop carries or a weight.
 """
 import textwrap
 
@@ -27,7 +27,7 @@ _CHILD = textwrap.dedent('''
     # optimised HLO audited here is XLA's, the same at every backend level).
     os.environ['XLA_FLAGS'] += ' --xla_backend_optimization_level=0'
     import jax, jax.numpy as jnp, numpy as np
-    from specdec_t5x.algorithm import api, network
+    from specdec_t5x.algorithm import api, feature_draft, network
     from specdec_t5x.algorithm.config import DecodeConfig
     from specdec_t5x.integration import partitioning
     from specdec_t5x.research import hlo_loops
@@ -41,6 +41,11 @@ _CHILD = textwrap.dedent('''
       return module, module.init(jax.random.PRNGKey(seed), dummy, dummy)['params']
 
     target, draft = model(64, 0), model(48, 1)
+    head_config = feature_draft.FeatureDraftConfig(vocab_size=256, target_emb_dim=64,
+                                                   emb_dim=64, num_heads=8, head_dim=16,
+                                                   mlp_dim=128)
+    head = (feature_draft.FeatureDraft(head_config),
+            feature_draft.init_params(head_config, jax.random.PRNGKey(2), target[1]))
     out = {}
     for batch in (1, 8):
       for parts in (8, 1):
@@ -51,12 +56,14 @@ _CHILD = textwrap.dedent('''
         # autoregressive cache's slots (max_len positions, one more, and position -1).
         rows = x.sharding.shard_shape(x.shape)[0]
         cache = rows * (8 // parts) * 16 * (32 + 2)
-        # the chain, a draft tree (chain + copy branch + a sibling: tree_decoding.py) and
-        # the draft's dynamic tree (its tree calls: dynamic_tree.py)
+        # the chain, a draft tree (chain + copy branch + a sibling: tree_decoding.py), the
+        # draft's dynamic tree (its tree calls: dynamic_tree.py), and the feature head's
+        # chain and tree (the target's features gathered along the accepted path)
+        tree = DecodeConfig(gamma=3, copy_branch=2, draft_siblings=1)
         for name, drafted, config in (
             ('ar', None, DecodeConfig(gamma=3)), ('spec', draft, DecodeConfig(gamma=3)),
-            ('tree', draft, DecodeConfig(gamma=3, copy_branch=2, draft_siblings=1)),
-            ('dynamic', draft, DecodeConfig(gamma=3, draft_tree_width=2))):
+            ('tree', draft, tree), ('dynamic', draft, DecodeConfig(gamma=3, draft_tree_width=2)),
+            ('head', head, DecodeConfig(gamma=3)), ('head_tree', head, tree)):
           fn = api._compiled(target[0], drafted and drafted[0], max_len=32, config=config)
           args = (api.decode_variables(target[0], part.shard_params(target[1])),
                   drafted and api.decode_variables(drafted[0], part.shard_params(drafted[1])),
@@ -70,7 +77,7 @@ _CHILD = textwrap.dedent('''
 @pytest.mark.slow  # a subprocess on 8 host devices
 def test_no_whole_buffer_copies_in_the_decode_loops_on_8_devices():
   out = run_child(_CHILD, host_devices=8, timeout=900, SPECDEC_CPU_KERNELS='0')
-  assert len(out) == 16
+  assert len(out) == 24
   for key, found in out.items():
     assert found['whole_buffer'] == [], (key, found)
 
