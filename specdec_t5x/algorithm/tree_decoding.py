@@ -26,7 +26,10 @@ accepted path at consecutive positions, nothing of the other branches.
 
 The draft's first call each step re-feeds the last depth + 1 tokens (positions n - D .. n,
 D the tree's depth): the accepted path may have left its chain, so its cache is rewritten
-from where the chain could first have been wrong. The loop is otherwise decoding.py's.
+from where the chain could first have been wrong. A feature head drafting the chain
+re-feeds them with the target's features gathered along the accepted path (what a chain
+call over the path returns), as it re-feeds a chain's verify window. The loop is otherwise
+decoding.py's.
 """
 
 from __future__ import annotations

@@ -199,19 +199,23 @@ def _dynamic_tree(d):
           'positions: ' + '; '.join(parts))
 
 
+def _tpc(r):
+  """A decode's tokens per target call: the precise count where the experiment made one."""
+  return r.get('tpc_precise') or r['mean_tokens_per_target_call']
+
+
 def _sampled_tree(d):
   """Tokens per target call at t = 1 (the precise count): per task, the drawn tree that
   gains most over the chain of as many draft calls; and the drawn trees over the top-W
   trees of their shapes."""
-  tpc = lambda r: r.get('tpc_precise') or r['mean_tokens_per_target_call']
   parts, over_top = [], []
   for task in dict.fromkeys(r['task'] for r in d['results']):
     rows = {r['decode']: r for r in d['results'] if r['task'] == task and r['decode'] != 'AR'}
     drawn = [name for name in rows if name.endswith('s') and name.split('+')[0] in rows]
-    over_top += [tpc(rows[name]) / tpc(rows[name[:-1]]) for name in drawn if name[:-1] in rows]
-    ratio, name = max((tpc(rows[name]) / tpc(rows[name.split('+')[0]]), name) for name in drawn)
+    over_top += [_tpc(rows[name]) / _tpc(rows[name[:-1]]) for name in drawn if name[:-1] in rows]
+    ratio, name = max((_tpc(rows[name]) / _tpc(rows[name.split('+')[0]]), name) for name in drawn)
     chain = name.split('+')[0]
-    parts.append(f"{task}: {name} {tpc(rows[name]):.2f} vs {chain} {tpc(rows[chain]):.2f} "
+    parts.append(f"{task}: {name} {_tpc(rows[name]):.2f} vs {chain} {_tpc(rows[chain]):.2f} "
                  f"({ratio:.2f}x, {rows[name]['verified_positions']} positions)")
   return ('t=1 tokens per target call, levels drawn from q over the chain of as many draft '
           'calls, best: ' + '; '.join(parts) + f'; over the top-W tree of the same shape: '
@@ -221,16 +225,15 @@ def _sampled_tree(d):
 def _head_tree(d):
   """Greedy tokens per target call (the precise count): per task, the head's best tree
   against every single-kind chain of as many verified positions."""
-  tpc = lambda r: r.get('tpc_precise') or r['mean_tokens_per_target_call']
   parts = []
   for task in dict.fromkeys(r['task'] for r in d['results']):
     rows = [r for r in d['results'] if r['task'] == task and r['decode'] != 'AR'
             and not r.get('temperature')]
-    tree = max((r for r in rows if '+' in r['decode']), key=tpc)
+    tree = max((r for r in rows if '+' in r['decode']), key=_tpc)
     chains = sorted((r for r in rows if '+' not in r['decode']
-                     and r['verified_positions'] == tree['verified_positions']), key=tpc)
-    parts.append(f"{task}: {tree['decode']} {tpc(tree):.2f} vs chains " + ', '.join(
-        f"{r['decode']} {tpc(r):.2f}" for r in chains))
+                     and r['verified_positions'] == tree['verified_positions']), key=_tpc)
+    parts.append(f"{task}: {tree['decode']} {_tpc(tree):.2f} vs chains " + ', '.join(
+        f"{r['decode']} {_tpc(r):.2f}" for r in chains))
   return ('greedy tokens per target call, the feature head\'s best tree against the chains '
           'of as many positions: ' + '; '.join(parts))
 
