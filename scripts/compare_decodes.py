@@ -130,7 +130,8 @@ def main(argv=None):
       'target call verifies; vs best chain: speedup over the fastest plain g<gamma> chain '
       'of the same cell; == AR: greedy tokens equal to AR\'s.' +
       (f' Precise tokens/call: per-row mean over {exp.precise} inputs x {exp.seeds} rngs '
-       '(batch 16), +- one standard error.' if exp.precise else '')) + markdown(exp, results))
+       '(greedy: one run, its rows do not depend on the rng; batch 16), +- one standard '
+       'error.' if exp.precise else '')) + markdown(exp, results))
 
 
 if __name__ == '__main__':

@@ -121,3 +121,29 @@ def test_the_script_writes_a_named_experiment(tmp_path, capsys):
   with pytest.raises(SystemExit):
     script.main(['--experiment=tree', '--decodes=g2+q'])
   assert "unknown part 'q'" in capsys.readouterr().err
+
+
+class _Recorded(speed.Decoder):
+  """A Decoder whose runs return fixed counts and record their seeds (no model)."""
+  seeds = []  # of every run, in order
+
+  def __call__(self):
+    _Recorded.seeds.append(self.seed)
+    stats = {'generated_tokens': np.array([6, 4 + self.seed // 1000]),
+             'target_calls': np.array([3, 2])}
+    return [type('Out', (), {'stats': stats})()]
+
+
+@pytest.mark.parametrize('temperature, seeds, expected', [(0.0, [0], [2.0, 2.0]),
+                                                           (1.0, [0, 1000, 2000],
+                                                            [2.0, 2.0, 2.0, 2.5, 2.0, 3.0])])
+def test_precise_tokens_per_call_runs_a_greedy_decoder_once(temperature, seeds, expected):
+  """Per-row tokens per call over the seeds' runs, mean and standard error; greedy rows do
+  not depend on the rng, so a greedy decoder runs once."""
+  _Recorded.seeds = []
+  decoder = _Recorded(None, None, np.ones((2, 3), np.int32), 8,
+                      DecodeConfig(gamma=2, temperature=temperature))
+  mean, stderr = experiments.precise_tokens_per_call(decoder, seeds=3)
+  assert _Recorded.seeds == seeds
+  assert mean == pytest.approx(np.mean(expected))
+  assert stderr == pytest.approx(np.std(expected, ddof=1) / np.sqrt(len(expected)))
