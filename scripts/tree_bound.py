@@ -1,7 +1,7 @@
 """The most tokens per target call static draft trees could give a draft, greedy.
 
   python scripts/tree_bound.py [--drafts=demo_draft_m,demo_draft_s] [--tasks=ende,summarize]
-      [--num_examples=64] [--max_len=48] [--max_nodes=8] [--search_nodes=5]
+      [--ngram=bigram] [--num_examples=64] [--max_len=48] [--max_nodes=8] [--search_nodes=5]
 
 For each task: the demo target's greedy outputs for the first --num_examples test inputs,
 each draft teacher-forced on them, the rank of every target token among the draft's
@@ -11,8 +11,10 @@ verifying each tree would get (replayed step by step: exact, no decoding) for th
 gamma = n, the best chain with leaf siblings (what draft_siblings verifies), the best tree
 for steps starting anywhere, (n <= --search_nodes) the best tree in decode order among
 those made of the 12 most frequent paths, with the trees' shapes, an upper bound for
-EAGLE-2's dynamic trees of n nodes, and the best chain with a copy branch (copy_branch). No
-timing. Writes
+EAGLE-2's dynamic trees of n nodes, the best chain with a copy branch (copy_branch), and
+the best mixed tree of the three kinds of draft: the chain, a copy branch and the --ngram
+table's greedy continuation (fixed guesses beside them, as a copy branch is verified), with
+that continuation alone (the n-gram's chain). No timing. Writes
 results/tree_bound.{json,md}.
 """
 
@@ -43,6 +45,7 @@ def measure(args) -> dict:
                                         args.max_len)
     copied = [tree_bound.copy_runs(e, o, args.max_nodes, args.max_len)  # any draft's
               for e, o in zip(enc, outputs)]
+    picked = tree_bound.ranks(evaluation.load_model(args.ngram, task), enc, outputs)
     for name in args.drafts.split(','):
       seen = tree_bound.views(evaluation.load_model(name, task), enc, outputs)
       rows = [v.ranks for v in seen]
@@ -59,7 +62,8 @@ def measure(args) -> dict:
                 'tokens_per_call_any_start': 1.0 + tree_bound.tree_value(shares, v),
                 'shape': [list(p) for p in v]} for k, v in trees.items() if v},
                          'dynamic_bound': {'tokens_per_call': tree_bound.dynamic_value(seen, n)},
-                         'chain_with_copy': _with_copy(rows, copied, n)})
+                         'chain_with_copy': _with_copy(rows, copied, n),
+                         'mixed': _mixed(rows, copied, picked, n)})
       replayed = (_replayed(measured, task, rows, copied, args.max_len)
                   if name == 'demo_draft_m' else [])  # the draft results/tree.json ran
       cells.append({'task': task, 'draft': name, 'examples': len(outputs),
@@ -82,6 +86,21 @@ def _with_copy(rows, copied, n: int) -> dict:
   return {'tokens_per_call': splits[gamma] if splits else None, 'gamma': gamma,
           'copy_branch': n - gamma if splits else None,
           'copy_alone': tree_bound.decode_value(rows, [], runs(n))}
+
+
+def _mixed(rows, copied, picked, n: int) -> dict:
+  """The best split of n nodes between the draft's chain (gamma >= 1), a copy branch
+  (>= 0 tokens) and the n-gram's greedy continuation (>= 1 token), all from the root, and
+  that continuation of n tokens alone, replayed."""
+  runs = lambda c, b: [np.maximum(np.minimum(r, c), tree_bound.pick_runs(p, b))
+                       for r, p in zip(copied, picked)]
+  splits = {(g, n - g - b, b): tree_bound.decode_value(rows, tree_bound.chain(g),
+                                                       runs(n - g - b, b))
+            for g in range(1, n) for b in range(1, n - g + 1)}
+  best = max(splits, key=splits.get) if splits else None
+  return {'tokens_per_call': splits[best] if best else None,
+          'split': dict(zip(('gamma', 'copy_branch', 'ngram_branch'), best)) if best else None,
+          'ngram_alone': tree_bound.decode_value(picked, tree_bound.chain(n))}
 
 
 def _measured() -> dict:
@@ -133,7 +152,12 @@ def render(report: harness.Report) -> List[str]:
       'counting as rivals only the siblings of the target\'s path (an upper bound for that '
       'rule); chain + copy: the best split of the nodes between the draft\'s chain and a '
       'copy branch (prompt lookup, copy_branch), replayed alike; copy alone: the copy '
-      'branch of all n nodes. x: over the chain. Shapes: each node\'s ranks from the root.')
+      'branch of all n nodes; chain + copy + n-gram: the best split of the nodes between '
+      'the draft\'s chain, a copy branch and the n-gram table\'s greedy continuation '
+      f"({report['args']['ngram']}; fixed guesses beside the chain, as a copy branch), "
+      'replayed alike (g: chain, c: copy, b: n-gram tokens); n-gram alone: its continuation '
+      'of n tokens, the n-gram\'s chain. x: over the chain. Shapes: each node\'s ranks from '
+      'the root.')
   for c in report['cells']:
     lines += [f"## {c['task']}, {c['draft']} ({c['examples']} inputs, {c['tokens']} "
               f"target tokens; rank 0 / 1 / 2 / 3: " + ' / '.join(
@@ -149,10 +173,12 @@ def render(report: harness.Report) -> List[str]:
                    cell('dynamic_bound'),
                    f"{mixed['tokens_per_call']:.2f} (g{mixed['gamma']}+c{mixed['copy_branch']}, "
                    f"{mixed['tokens_per_call'] / chain:.3f}x)" if mixed['gamma'] else '-',
-                   f"{mixed['copy_alone']:.2f}"])
+                   f"{mixed['copy_alone']:.2f}", _mixed_cell(b.get('mixed'), chain),
+                   f"{b['mixed']['ngram_alone']:.2f}" if 'mixed' in b else '-'])
     lines += harness.table(['nodes', 'chain', 'chain + siblings', 'top-share tree',
                             'searched', 'its nodes (else top-share\'s)', 'dynamic (bound)',
-                            'chain + copy', 'copy alone'], rows) + ['']
+                            'chain + copy', 'copy alone', 'chain + copy + n-gram',
+                            'n-gram alone'], rows) + ['']
     if c['measured_decodes']:
       lines += ['Replayed on the first inputs of results/tree.md against its measured '
                 'decodes (tokens per call): ' + ', '.join(
@@ -161,10 +187,21 @@ def render(report: harness.Report) -> List[str]:
   return lines
 
 
+def _mixed_cell(mixed, chain: float) -> str:
+  if not mixed or not mixed['split']:
+    return '-'
+  s = mixed['split']
+  return (f"{mixed['tokens_per_call']:.2f} (g{s['gamma']}+c{s['copy_branch']}+"
+          f"b{s['ngram_branch']}, {mixed['tokens_per_call'] / chain:.3f}x)")
+
+
 def main(argv=None):
   ap = harness.parser(__doc__, harness.results_path(__file__, 'tree_bound'))
   ap.add_argument('--drafts', default='demo_draft_m,demo_draft_s')
   ap.add_argument('--tasks', default='ende,summarize')
+  ap.add_argument('--ngram', default='bigram', choices=evaluation.NGRAMS,
+                  help="the n-gram table (checkpoints/demo/<ngram>_<task>.npz) whose greedy "
+                  "continuation is the mixed trees' third branch")
   ap.add_argument('--num_examples', type=int, default=64)
   ap.add_argument('--max_len', type=int, default=48)
   ap.add_argument('--max_input_len', type=int, default=128)

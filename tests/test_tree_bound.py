@@ -92,6 +92,24 @@ def test_decode_value_replays_steps():
   assert tree_bound.decode_value(rows, best) >= 10 / 4
 
 
+def test_an_ngram_continuation_beside_the_root_is_its_chain():
+  """A deterministic draft's greedy continuation, verified as fixed guesses from the root,
+  accepts what its own chain would: its run of right picks from each start."""
+  rows = [np.array([0, 0, 1, 0, 2, 0, 0, 0, 1, 0])]
+  assert tree_bound.pick_runs(rows[0], 2).tolist() == [2, 1, 0, 1, 0, 2, 2, 1, 0, 1]
+  rs = np.random.RandomState(0)
+  for n in (1, 3, 5):
+    rand = [rs.choice(3, size=size, p=[0.7, 0.2, 0.1]) for size in (1, 9, 30)]
+    assert tree_bound.decode_value(rand, [], [tree_bound.pick_runs(r, n) for r in rand]) == (
+        tree_bound.decode_value(rand, tree_bound.chain(n)))
+  # beside another draft's chain of 1, a step takes the longer match: steps of 3, 2, 3, 1
+  # and 1 token instead of the chain's 7 steps
+  other = [np.array([1, 0, 0, 0, 1, 1, 0, 0, 2, 0])]
+  assert tree_bound.decode_value(other, tree_bound.chain(1)) == 10 / 7
+  assert tree_bound.decode_value(other, tree_bound.chain(1),
+                                 [tree_bound.pick_runs(rows[0], 2)]) == 10 / 5
+
+
 @pytest.mark.parametrize('gamma', [1, 3])
 def test_replayed_chains_are_the_decodes_tokens_per_call(target_and_draft, gamma):
   """A greedy speculative decode accepts exactly the runs of rank-0 tokens: the replay of

@@ -23,7 +23,8 @@ positions):
 
 Beside them an upper bound for EAGLE-2's dynamic trees (`dynamic_value`), and the draft's
 chain with a copy branch (prompt lookup, which is not a draft rank; `copy_runs`,
-`decode_value` with copy_rows), replayed the same way.
+`decode_value` with copy_rows) and with an n-gram table's greedy continuation (its run of
+picks that are right, `pick_runs`), replayed the same way.
 """
 
 from __future__ import annotations
@@ -159,8 +160,9 @@ def decode_value(rank_rows: Sequence[np.ndarray], nodes: Sequence[Path],
   """Tokens per target call of greedy decoding that verifies the tree `nodes` at every
   step, over the rows: each step starts after the last one's tokens, accepts the longest
   path of `nodes` matching the ranks from there and emits one more token. With
-  `copy_rows` (copy_runs, cut to the branch's length) a copy branch is verified beside
-  them, and a step accepts the longer of the two matches."""
+  `copy_rows` (per start, how many tokens of the branches verified beside the tree's root
+  match: copy_runs or pick_runs cut to each branch's length, their elementwise maximum for
+  several) a step accepts the longest of the matches."""
   nodes = set(nodes)
   rows = [[int(x) for x in r] for r in rank_rows]
 
@@ -232,4 +234,18 @@ def copy_runs(enc_row: np.ndarray, tokens: np.ndarray, num: int,
     while (out[t] < num and t + out[t] < len(tokens) and known[t, out[t]]
            and copy[t, out[t]] == tokens[t + out[t]]):
       out[t] += 1
+  return out
+
+
+def pick_runs(ranks: np.ndarray, num: int) -> np.ndarray:
+  """[len] int: per start position t, how many of the `num` tokens that a deterministic
+  draft's greedy continuation proposes from y_<t (an n-gram table's picks: fixed guesses)
+  are the target's next tokens. While its picks are right the draft runs on the target's own
+  prefix, so that is the run of rank-0 tokens from t, cut at num."""
+  ranks = np.asarray(ranks)
+  out = np.zeros(len(ranks), np.int64)
+  run = 0
+  for t in range(len(ranks) - 1, -1, -1):
+    run = run + 1 if ranks[t] == 0 else 0
+    out[t] = min(run, num)
   return out
