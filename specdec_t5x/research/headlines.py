@@ -240,12 +240,14 @@ def _head_tree(d):
 
 def _tree_bound(d):
   """Per task and draft, at 4 verified positions: the best static tree (siblings, searched,
-  or with a copy branch) and the dynamic bound, over the chain."""
+  with a copy branch, or with copy and n-gram branches) and the dynamic bound, over the
+  chain."""
   parts = []
   for c in d['cells']:
     b = next(b for b in c['by_nodes'] if b['nodes'] == 3)
     best = max(b[k]['tokens_per_call'] for k in ('chain', 'chain_with_siblings', 'best_tree',
-                                                 'searched', 'chain_with_copy') if k in b)
+                                                 'searched', 'chain_with_copy', 'mixed')
+               if b.get(k, {}).get('tokens_per_call') is not None)
     chain = b['chain']['tokens_per_call']
     parts.append(f"{c['task']} {c['draft']} {best / chain:.2f} (dynamic, bound: "
                  f"{b['dynamic_bound']['tokens_per_call'] / chain:.2f})")
