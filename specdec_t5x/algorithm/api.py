@@ -260,13 +260,13 @@ def decode_program(target_module, draft_module, *, max_len: int, config: DecodeC
       draft_encoded = draft_module.apply(draft_vars, encoder_tokens, method='encode')
     draft_cache = draft_module.apply(draft_vars, draft_encoded, encoder_tokens, cache_len,
                                      method='init_cache')
+    head = dict(feature_dim=draft_module.config.feature_dim if features else None,
+                draft_vocab=feature_draft.vocabulary(draft_module.config) if features else None)
     if config.draft_tree_width:
       return dynamic_tree.dynamic_tree_decode(
           target_fn, wrap('draft', _extend_fn(draft_module, draft_vars)), target_cache,
           draft_cache, rng, batch=batch, max_len=max_len, config=config, eos_id=eos_id,
-          prompt=prompt, settings=settings)
-    head = dict(feature_dim=draft_module.config.feature_dim if features else None,
-                draft_vocab=feature_draft.vocabulary(draft_module.config) if features else None)
+          prompt=prompt, settings=settings, **head)
     if config.tree:
       return tree_decoding.tree_speculative_decode(
           target_fn, wrap('draft', _extend_fn(draft_module, draft_vars)), target_cache,

@@ -111,7 +111,8 @@ class DecodeConfig:
       draft path probability among the children (the draft's W most likely tokens) of
       the level above, found by one draft tree call per level; 1 + W * gamma nodes
       verified in one target call. 0 = none. Not with copy_branch or draft_siblings; the
-      same settings as they, and a draft that is a T5 model (network.Transformer).
+      same settings as they, and a draft that is a T5 model (network.Transformer) or a
+      feature head (its tree calls feed each node its parent's predicted feature).
     draft_tree_nodes: N: of the W * gamma nodes grown, the N of largest draft path
       probability are verified (EAGLE-2's reranking: they form a tree, a node's path
       probability being at most its parent's), 1 + N positions per target call; 0 = all.

@@ -100,6 +100,12 @@ def token_drafter(draft_fn, s, catch_up_when_behind: bool):
   return first, step
 
 
+def feature_pick(s):
+  """[b] where the row's last token y_{n-1} sits in the window feature_drafter re-feeds
+  (its input there reads the target's feature s.features[:, pick])."""
+  return jnp.clip(s.length - s.feature_start - 1, 0, s.features.shape[1] - 1)
+
+
 def feature_drafter(draft_fn, s):
   """A feature-reading draft's calls (as token_drafter's; the carry is (cache, the
   head's predicted feature [b, 1, E])).
@@ -113,7 +119,7 @@ def feature_drafter(draft_fn, s):
   a window that does not fit skips every row's cache writes (rows.update_all).
   """
   width = s.features.shape[1]
-  pick = jnp.clip(s.length - s.feature_start - 1, 0, width - 1)
+  pick = feature_pick(s)
   start = s.feature_start + 1 - s.done.astype(jnp.int32)  # [b]
   logits, cache, predicted = draft_fn(s.draft_cache, rows.window(s.seq, start + 1, width),
                                       start, s.features, pick)

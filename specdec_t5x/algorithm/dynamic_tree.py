@@ -12,6 +12,13 @@ node 0 the root y_{n-1}; level d holds nodes 1 + W (d - 1) .. W d):
     draft's distribution after each node of level d; of the W x V children the W of
     largest path probability (the product of the draft's probabilities down the path)
     become level d + 1, best first.
+A feature head (feature_draft.py: EAGLE-2's own setting) grows the same tree: its first
+call re-reads the last accepted path with the target's features (drafting.feature_drafter)
+and gives its distribution after the root and its predicted feature there; in each tree
+call every node reads the feature the head predicted at its parent (the root: the target's
+feature before it), so each path is drafted as the head's chain along it would be; a
+reduced draft vocabulary's columns become its ids. The target's call returns its features
+at every node, and the next step's head reads them along the accepted path.
 With config.draft_tree_nodes = M (EAGLE-2's reranking) only the M grown nodes of largest
 path probability are verified, N = 1 + M: a node's path probability is at most its
 parent's, so they form a tree (`rerank`).
@@ -37,6 +44,7 @@ the positions the accepted path took.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional, Tuple
 
 import jax
@@ -47,25 +55,35 @@ from specdec_t5x.algorithm import rows, sampling, tree_accept
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.algorithm.decoding import (ExtendFn, _finish, _init_state, _split_keys,
                                             _with_prompt)
+from specdec_t5x.algorithm.drafting import (DraftVocabulary, feature_drafter, feature_pick,
+                                            full_distributions)
 from specdec_t5x.algorithm.stats import DecodeStats
 from specdec_t5x.algorithm.tree_decoding import commit
 
 
-def grow(frontier_logits, scores, tokens, parents, width: int):
+def _token_ids(columns, vocab: Optional[DraftVocabulary]):
+  """The draft's logits columns -> token ids (a reduced draft vocabulary's ids)."""
+  columns = columns.astype(jnp.int32)
+  return columns if vocab is None else jnp.asarray(vocab.ids)[columns]
+
+
+def grow(frontier_logits, scores, tokens, parents, width: int,
+         vocab: Optional[DraftVocabulary] = None):
   """One level of the tree: frontier_logits [b, F, V] (the draft after each of the last F
-  nodes), scores [b, F] (their log path probabilities), tokens and parents [b, M] (the
-  nodes so far, the frontier last) -> (scores [b, W], tokens and parents [b, M + W]): the
-  W children of largest log path probability, best first (ties: the earlier parent, then
-  the lower id)."""
+  nodes; V = the columns of `vocab`, a reduced draft vocabulary, if given), scores [b, F]
+  (their log path probabilities), tokens and parents [b, M] (the nodes so far, the
+  frontier last) -> (scores [b, W], tokens and parents [b, M + W]): the W children of
+  largest log path probability, best first (ties: the earlier parent, then the lower id)."""
   b, f, v = frontier_logits.shape
   logq = jax.nn.log_softmax(frontier_logits.astype(jnp.float32), axis=-1)
   best, index = jax.lax.top_k((scores[:, :, None] + logq).reshape(b, f * v), width)
   parent = tokens.shape[1] - f + index // v  # [b, W] the frontier node it grows from
-  return (best, jnp.concatenate([tokens, (index % v).astype(jnp.int32)], axis=1),
+  return (best, jnp.concatenate([tokens, _token_ids(index % v, vocab)], axis=1),
           jnp.concatenate([parents, parent.astype(jnp.int32)], axis=1))
 
 
-def draw(frontier_logits, scores, tokens, parents, keys, cfg: sampling.Settings):
+def draw(frontier_logits, scores, tokens, parents, keys, cfg: sampling.Settings,
+         vocab: Optional[DraftVocabulary] = None):
   """One SAMPLED level: frontier_logits [b, F, V] (the draft after each of the last F
   nodes), scores [b, F] (their log path probabilities under q), tokens and parents [b, M]
   (the nodes so far, the frontier last), keys [b, W, 2] -> (scores [b, W], tokens and
@@ -74,8 +92,12 @@ def draw(frontier_logits, scores, tokens, parents, keys, cfg: sampling.Settings)
   earlier), drawn from its q one by one without replacement (each by inverse CDF over the
   mass the earlier draws left: sampling.sample, one uniform per draw). Which node grows
   depends on the frontier's tokens alone, never on its children's. A draw made after q's
-  mass ran out scores -inf: it is void."""
-  b, f, _ = frontier_logits.shape
+  mass ran out scores -inf: it is void. With `vocab` (a reduced draft vocabulary) the
+  logits are over its columns: the draws become its ids and q is widened to the whole
+  vocabulary (0 off its ids)."""
+  b, f, v = frontier_logits.shape
+  if cfg.topk > v:  # top-k beyond the draft's columns keeps them all (drafting.propose)
+    cfg = dataclasses.replace(cfg, topk=v)
   best = jnp.argmax(scores, axis=1)  # [b] first max
   q = sampling.standardize(
       jnp.take_along_axis(frontier_logits, best[:, None, None], axis=1)[:, 0], cfg)  # [b, V]
@@ -85,7 +107,7 @@ def draw(frontier_logits, scores, tokens, parents, keys, cfg: sampling.Settings)
     x = sampling.sample(keys[:, k], left)  # [b]
     is_x = jnp.arange(q.shape[-1])[None, :] == x[:, None]
     q_x = jnp.sum(jnp.where(is_x, left, 0.0), axis=-1)  # 0 once the mass ran out
-    children.append(x.astype(jnp.int32))
+    children.append(_token_ids(x, vocab))
     child_scores.append(jnp.where(q_x > 0, base + jnp.log(jnp.where(q_x > 0, q_x, 1.0)),
                                   -jnp.inf))
     left = jnp.where(is_x, 0.0, left)
@@ -93,7 +115,7 @@ def draw(frontier_logits, scores, tokens, parents, keys, cfg: sampling.Settings)
   return (jnp.stack(child_scores, axis=1),
           jnp.concatenate([tokens, jnp.stack(children, axis=1)], axis=1),
           jnp.concatenate([parents, jnp.broadcast_to(node[:, None], (b, len(children)))],
-                          axis=1), node, q)
+                          axis=1), node, full_distributions(q, vocab))
 
 
 def rerank(scores, tokens, parents, keep: int):
@@ -115,17 +137,23 @@ def rerank(scores, tokens, parents, keep: int):
 
 def dynamic_tree_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, draft_cache,
                         rng, *, batch: int, max_len: int, config: DecodeConfig, eos_id: int,
-                        prompt=None, settings: Optional[sampling.Sampling] = None
+                        prompt=None, settings: Optional[sampling.Sampling] = None,
+                        feature_dim: Optional[int] = None,
+                        draft_vocab: Optional[DraftVocabulary] = None
                         ) -> Tuple[jax.Array, DecodeStats]:
   """decoding.speculative_decode with the draft's dynamic tree of config.gamma levels of
   config.draft_tree_width nodes (the module docstring). draft_fn takes a tree (a T5
-  model's extend). Returns (tokens [b, max_len], stats); the length histograms have
-  gamma + 1 entries. `settings`: as decoding.speculative_decode's."""
+  model's extend, or a feature head's: `feature_dim` and `draft_vocab` as
+  decoding.speculative_decode's). Returns (tokens [b, max_len], stats); the length
+  histograms have gamma + 1 entries. `settings`: as decoding.speculative_decode's."""
   gamma, width, cfg = config.gamma, config.draft_tree_width, settings or config.sampling
   grown, num_nodes = width * gamma, 1 + config.tree_nodes
   drawn = config.draft_tree_sampled and not cfg.greedy  # levels sampled from q
   state = _init_state(batch, max_len, max(num_nodes, gamma + 1), rng, target_cache,
                       draft_cache, gamma)  # room for a step's gamma + 1 tokens
+  if feature_dim is not None:  # before BOS: zero features, "verified" at position -1
+    state = state.replace(features=jnp.zeros((batch, gamma + 1, feature_dim), jnp.float32),
+                          feature_start=jnp.full((batch,), -1, jnp.int32))
   if prompt is not None:
     state = _with_prompt(state, prompt, max_len, target_fn, draft_fn)
   level = jnp.asarray(np.repeat(np.arange(gamma + 1), [1] + [width] * gamma))  # [1 + grown]
@@ -136,27 +164,41 @@ def dynamic_tree_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, d
     rng, keys = _split_keys(s.rng, 2 + grown if drawn else 2, cfg)
     room = jnp.where(~s.done, max_len - s.length - 1, 0)  # [b] tokens that can be drafted
     limit = jnp.minimum(room, gamma)
-    # The draft re-reads the last gamma + 1 tokens (positions start .. start + gamma).
-    start = jnp.maximum(s.length - gamma, -1)
-    logits, draft_cache = draft_fn(s.draft_cache, rows.window(s.seq, start + 1, gamma + 1),
-                                   start)
-    frontier = jnp.take_along_axis(logits, (s.length - start)[:, None, None], axis=1)
+    if feature_dim is None:
+      # The draft re-reads the last gamma + 1 tokens (positions start .. start + gamma).
+      start = jnp.maximum(s.length - gamma, -1)
+      logits, draft_cache = draft_fn(s.draft_cache, rows.window(s.seq, start + 1, gamma + 1),
+                                     start)
+      frontier = jnp.take_along_axis(logits, (s.length - start)[:, None, None], axis=1)
+    else:  # the head re-reads the last step's accepted path with the target's features
+      (first, (draft_cache, predicted)), _ = feature_drafter(draft_fn, s)
+      frontier = first[:, None]
+      # the root's input feature (the target's, before it), for the tree calls' re-feed
+      root_feature = jnp.take_along_axis(s.features, feature_pick(s)[:, None, None], axis=1)
     tokens = rows.window(s.seq, s.length + 1, 1)  # [b, 1] the root
     parents = jnp.full((batch, 1), -1, jnp.int32)
     scores, path_scores = jnp.zeros((batch, 1), jnp.float32), []
     draft_bad = jnp.zeros((batch,), bool)
-    q = jnp.zeros((batch, num_nodes, frontier.shape[-1]), jnp.float32) if drawn else None
+    vocab_size = frontier.shape[-1] if draft_vocab is None else len(draft_vocab.columns)
+    q = jnp.zeros((batch, num_nodes, vocab_size), jnp.float32) if drawn else None
     for d in range(gamma):
-      if d:  # the draft after each node of level d, from one call over the tree so far
+      if d and feature_dim is None:  # the draft after each node of level d, from one call
         logits, draft_cache = draft_fn(draft_cache, tokens, s.length, tree=parents)
+        frontier = logits[:, -width:]  # over the tree so far
+      elif d:  # each node reads its parent's predicted feature (the root: the target's)
+        fed = jnp.concatenate([root_feature, jnp.take_along_axis(
+            predicted, parents[:, 1:, None], axis=1)], axis=1)  # [b, M, F]
+        logits, draft_cache, predicted = draft_fn(draft_cache, tokens, s.length, fed,
+                                                  tree=parents)
         frontier = logits[:, -width:]
       draft_bad |= ~jnp.all(jnp.isfinite(frontier), axis=(1, 2))
       if drawn:  # q after each node grown from (the law of its children), for the walk
         scores, tokens, parents, node, q_node = draw(
-            frontier, scores, tokens, parents, keys[:, 2 + width * d:2 + width * (d + 1)], cfg)
+            frontier, scores, tokens, parents, keys[:, 2 + width * d:2 + width * (d + 1)], cfg,
+            draft_vocab)
         q = q.at[jnp.arange(batch), node].set(q_node)
       else:
-        scores, tokens, parents = grow(frontier, scores, tokens, parents, width)
+        scores, tokens, parents = grow(frontier, scores, tokens, parents, width, draft_vocab)
       path_scores.append(scores)
     node_depth = jnp.broadcast_to(level, (batch, 1 + grown))
     if num_nodes < 1 + grown:  # the best num_nodes - 1 of them
@@ -166,7 +208,8 @@ def dynamic_tree_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, d
     valid = (node_depth <= limit[:, None]) | (jnp.arange(num_nodes) == 0)[None, :]
     if drawn:  # a draw after q's mass ran out is void
       valid &= jnp.isfinite(jnp.concatenate([jnp.zeros((batch, 1))] + path_scores, axis=1))
-    logits, target_cache = target_fn(s.target_cache, tokens, s.length, tree=parents)
+    out = target_fn(s.target_cache, tokens, s.length, tree=parents)
+    logits, target_cache = out[:2]
     if cfg.greedy:
       best, bad = sampling.argmax_checked(logits)  # [b, N] each
       path, n_acc, token = tree_accept.accept_greedy(parents, tokens, best, valid, gamma)
@@ -177,6 +220,9 @@ def dynamic_tree_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, d
           parents, tokens, jnp.full((batch, num_nodes), drawn), valid, p,
           q if drawn else jnp.zeros_like(p), uniforms, gamma, without_replacement=drawn)
       token = sampling.sample(keys[:, 1], dist)
+    if feature_dim is not None:  # [b, gamma + 1, F] the target's features along the path
+      s = s.replace(features=jnp.take_along_axis(out[2], path[:, :, None], axis=1),
+                    feature_start=s.length)
     return commit(s, tokens, parents, valid, path, n_acc, token, node_depth, node_kind,
                   bad=jnp.any(bad, axis=1), draft_bad=draft_bad, target_cache=target_cache,
                   draft_cache=draft_cache, rng=rng, max_len=max_len, eos_id=eos_id)

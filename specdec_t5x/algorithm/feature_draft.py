@@ -200,15 +200,19 @@ class FeatureDraft(nn.Module):
     return empty_decode_cache(self.layers, encoded, encoder_tokens, max_length,
                               cfg.num_heads, cfg.head_dim, cfg.dtype)
 
-  def extend(self, cache, tokens, positions, features, pick: Optional[jax.Array] = None):
+  def extend(self, cache, tokens, positions, features, pick: Optional[jax.Array] = None,
+             tree=None):
     """tokens [b, k] at positions [b].., the target's (or the head's predicted) features
     at the positions before them [b, k, F] -> (logits, cache, predicted features): at every
     position ([b, k, V'], [b, k, F]) or, with `pick` [b], at row r's position pick[r] only
     ([b, 1, V'], [b, 1, F]). V' = config.output_vocab_size: with a reduced draft
     vocabulary the logits are over its ids (`vocabulary()` maps them; the loop drafts
-    over them and gives every other id probability 0)."""
+    over them and gives every other id probability 0). With `tree` (parents [b, k],
+    tree.py) the tokens are a draft tree's nodes, each at its depth's position seeing the
+    prefix and its ancestors, and each node's features are its parent's (the head's
+    dynamic tree: dynamic_tree.py)."""
     self_bias, cross_bias = decode_biases(self.relpos_bias, cache, positions, tokens.shape[1],
-                                          self.config.dtype)
+                                          self.config.dtype, tree)
     x = self._inputs(tokens, features)
     new_layers, fits = [], []
     for layer, layer_cache in zip(self.layers, cache['layers']):

@@ -280,18 +280,23 @@ def commit(s, tokens, parents, valid, path, n_acc, token, node_depth, node_kind,
 def check(config: DecodeConfig, draft_reads_features: bool, speculative: bool,
           draft_is_model: bool = True, draft_columns: Optional[int] = None) -> Optional[str]:
   """Why a draft tree cannot be verified with these settings (None: it can).
-  `draft_is_model`: the draft is a T5 model (network.Transformer), whose calls take a tree
-  (what draft_tree_width's draft tree calls need). `draft_columns`: the ids a head with a
-  reduced draft vocabulary drafts over (its siblings come from them)."""
+  `draft_is_model`: the draft is a T5 model (network.Transformer); its calls take a tree,
+  as a feature head's do (what draft_tree_width's draft tree calls need). `draft_columns`:
+  the ids a head with a reduced draft vocabulary drafts over (its siblings and a dynamic
+  tree's levels come from them)."""
   if not config.tree:
     return None
   what = ' and '.join(name for name in ('copy_branch', 'draft_siblings', 'draft_tree_width')
                       if getattr(config, name))
   if not speculative:
     return f'{what} needs a draft (it proposes the tree\'s first branch).'
-  if config.draft_tree_width and (draft_reads_features or not draft_is_model):
+  if config.draft_tree_width and not (draft_reads_features or draft_is_model):
     return (f'{what} grows the tree with draft tree calls: the draft must be a T5 model '
-            '(network.Transformer), not a feature head, an n-gram or a copy draft.')
+            '(network.Transformer) or a feature head, not an n-gram or a copy draft.')
+  if draft_columns is not None and config.draft_tree_width > draft_columns:
+    return (f'draft_tree_width must be <= the {draft_columns} ids of the head\'s reduced '
+            f'draft vocabulary (a level\'s first node has no more children), got '
+            f'{config.draft_tree_width}.')
   if draft_columns is not None and max(config.draft_siblings, default=0) >= draft_columns:
     return (f'draft_siblings must be < the {draft_columns} ids of the head\'s reduced draft '
             f'vocabulary at every depth, got {config.draft_siblings}.')

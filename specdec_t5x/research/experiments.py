@@ -81,6 +81,21 @@ EXPERIMENTS: Dict[str, Experiment] = {
         'g2+c3@demo_feature_head_kd,g3+c2@demo_feature_head_kd,g3+s1.1@demo_feature_head_kd,'
         'g2+c2+s1@demo_feature_head_kd,g5@copy,g5@bigram,g5', temperatures=(0.0, 1.0),
         repeats=2, precise=32),
+    'head_dynamic_tree': Experiment(
+        "The feature head's dynamic tree (EAGLE-2) against its chain",
+        '@demo_feature_head_kd: the feature head drafts; g<gamma>: its chain; +w<W>: it '
+        'grows gamma levels of W nodes, each level the W children of largest head path '
+        'probability (one head tree call per level, each node reading its parent\'s '
+        'predicted feature); +n<M>: of them the M of largest path probability are verified '
+        '(else all), in one target call; +w<W>s (t = 1): each level W tokens drawn without '
+        'replacement from the head\'s q. g<k>+w2+n<k> verifies as many positions as g<k> '
+        'after as many head calls; g3+w2+n5 as many as g5 after 3. g3: the small draft '
+        'model\'s chain.',
+        'g2@demo_feature_head_kd,g3@demo_feature_head_kd,g5@demo_feature_head_kd,'
+        'g2+w2+n2@demo_feature_head_kd,g3+w2+n3@demo_feature_head_kd,'
+        'g5+w2+n5@demo_feature_head_kd,g3+w2+n5@demo_feature_head_kd,'
+        'g3+w2@demo_feature_head_kd,g2+w3@demo_feature_head_kd,g2+w3s@demo_feature_head_kd,'
+        'g3', temperatures=(0.0, 1.0), precise=32),
     'copy_draft': Experiment(
         'Copy (prompt-lookup) drafts against learned and n-gram drafts',
         'The same gamma with each draft; copy:<d> copies from the input and falls back '

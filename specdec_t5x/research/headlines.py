@@ -238,6 +238,27 @@ def _head_tree(d):
           'of as many positions: ' + '; '.join(parts))
 
 
+def _head_dynamic_tree(d):
+  """Tokens per target call (the precise count), greedy and t = 1: per task, the head's
+  dynamic tree that gains most over its chain of as many verified positions."""
+  parts = []
+  for (task, t) in dict.fromkeys((r['task'], r['temperature']) for r in d['results']):
+    rows = [r for r in d['results'] if (r['task'], r['temperature']) == (task, t)
+            and r['decode'] != 'AR']
+    key = lambda r: (r['verified_positions'], r['decode'].partition('@')[2])  # the head's
+    chains = {key(r): r for r in rows if '+' not in r['decode']}
+    pairs = [(_tpc(r) / _tpc(chains[key(r)]), r, chains[key(r)])
+             for r in rows if '+' in r['decode'] and key(r) in chains]
+    if not pairs:
+      continue
+    ratio, tree, chain = max(pairs, key=lambda x: x[0])
+    name = lambda r: r['decode'].split('@')[0]
+    parts.append(f"{task} t={t:g}: {name(tree)} {_tpc(tree):.2f} vs {name(chain)} "
+                 f"{_tpc(chain):.2f} ({ratio:.2f}x, {tree['verified_positions']} positions)")
+  return ('tokens per target call, the feature head\'s best dynamic tree over its chain of '
+          'as many positions: ' + '; '.join(parts))
+
+
 def _tree_bound(d):
   """Per task and draft, at 4 verified positions: the best static tree (siblings, searched,
   with a copy branch, or with copy and n-gram branches) and the dynamic bound, over the
@@ -303,7 +324,7 @@ HEADLINES: Dict[str, Callable[[Dict[str, Any]], str]] = {
     'peers': _peers, 'block_verification': _block,
     'adaptive_gamma': _best_of('speedup_vs_ar'), 'copy_draft': _best_of('speedup_vs_ar'), 'tree': _tree,
     'tree_bound': _tree_bound, 'dynamic_tree': _dynamic_tree, 'sampled_tree': _sampled_tree,
-    'head_tree': _head_tree,
+    'head_tree': _head_tree, 'head_dynamic_tree': _head_dynamic_tree,
     'batch_throughput': _batch, 'lenience': _best_of('speedup_vs_ar'),
     'loop_efficiency': _loop_efficiency, 'loop_efficiency_batch8': _loop_efficiency,
     'loop_efficiency_t5_1_1_small': _loop_efficiency,

@@ -103,6 +103,10 @@ STEPS = (
          quick=('--experiment=head_tree', '--tasks=summarize', '--rows=1', '--max_len=8',
                 '--temperatures=0', '--decodes=g2@demo_feature_head_kd,'
                 'g2+c2@demo_feature_head_kd', '--repeats=1', '--precise=0')),
+    Step('head_dynamic_tree', 'compare_decodes.py', ('--experiment=head_dynamic_tree',),
+         quick=('--experiment=head_dynamic_tree', '--tasks=ende', '--rows=1', '--max_len=8',
+                '--temperatures=0', '--decodes=g2@demo_feature_head_kd,'
+                'g2+w2+n2@demo_feature_head_kd', '--repeats=1', '--precise=0')),
     Step('tree_bound', 'tree_bound.py', (), timed=False,
          quick=('--num_examples', '2', '--tasks', 'ende', '--drafts', 'demo_draft_s',
                 '--max_nodes', '3')),

@@ -63,6 +63,8 @@ CHECKS: Dict[str, Check] = {
     'head_tree': Check(exact=_DECODE_COUNTS + ('results/*/accepted_by_source/*',
                                                'results/*/tpc_precise'),
                        timing=('results/*/speedup_vs_ar',)),
+    'head_dynamic_tree': Check(exact=_DECODE_COUNTS + ('results/*/tpc_precise',),
+                               timing=('results/*/speedup_vs_ar',)),
     'lenience': Check(exact=('results/*/target_calls', 'results/*/generated_tokens',
                              'results/*/bleu', 'results/*/rouge*'),
                       timing=('results/*/speedup_vs_ar',)),
