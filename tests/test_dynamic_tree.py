@@ -49,18 +49,23 @@ def test_greedy_dynamic_tree_equals_greedy_target(target_and_draft, name):
   target, model = target_and_draft
   draft = {'model': model, 'noisy': (target[0], _noisy(target[1]))}[kind]
   totals = collections.Counter()
+  compare = width == 1 or kind == 'noisy'  # the cases that compare with the chain
   for enc, args, _, s in greedy_runs(target, draft, batch, gamma, with_prompt, gamma,
                                      draft_tree_width=width, draft_tree_nodes=nodes,
                                      draft_tree_sampled=drawn):
     assert s['accepted_by_source'][1:].sum() == 0  # every node is the draft's
+    if not compare:
+      continue
     chain = generate(target, enc, draft=draft, gamma=gamma, **args)
     for key, st in (('tree', s), ('chain', chain.stats)):
       for field in ('generated_tokens', 'target_calls'):
         totals[key, field] += int(np.sum(st[field]))
+  if not compare:
+    return
   rate = {k: totals[k, 'generated_tokens'] / totals[k, 'target_calls'] for k in ('tree', 'chain')}
   if width == 1:  # one node per level: the draft's greedy chain, verified as a tree
     assert rate['tree'] == rate['chain'], rate
-  elif kind == 'noisy':  # its runner-ups are often right: the other branches pay, also
+  else:  # the noisy draft's runner-ups are often right: the other branches pay, also
     assert rate['tree'] > rate['chain'], rate  # at as many positions as the chain (n3)
 
 
