@@ -97,7 +97,14 @@ def _skipped(cache) -> jax.Array:
   return jnp.zeros((), bool)
 
 
-def _init_state(batch, max_len, extra, rng, target_cache, draft_cache, gamma):
+def _init_state(batch, max_len, extra, rng, target_cache, draft_cache, gamma,
+                feature_dim: Optional[int] = None):
+  """The loop's first state; with `feature_dim` (a feature-reading draft) zero features
+  for the gamma + 1 positions of a verify window, "verified" at position -1 (before BOS)."""
+  features = feature_start = None
+  if feature_dim is not None:
+    features = jnp.zeros((batch, gamma + 1, feature_dim), jnp.float32)
+    feature_start = jnp.full((batch,), -1, jnp.int32)
   return DecodeState(
       seq=jnp.zeros((batch, 2 + max_len + extra), jnp.int32),
       length=jnp.zeros((batch,), jnp.int32),
@@ -118,7 +125,8 @@ def _init_state(batch, max_len, extra, rng, target_cache, draft_cache, gamma):
           nonfinite_draft_logits=jnp.zeros((batch,), bool),
           skipped_cache_writes=jnp.zeros((batch,), bool),
           step_outcomes=jnp.zeros((3,), jnp.int32),
-          accepted_by_source=jnp.zeros((3,), jnp.int32)))
+          accepted_by_source=jnp.zeros((3,), jnp.int32)),
+      features=features, feature_start=feature_start)
 
 
 def _with_prompt(state: DecodeState, prompt, max_len: int, target_fn: ExtendFn,
@@ -282,10 +290,8 @@ def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, dr
   """
   gamma, cfg, policy = config.gamma, settings or config.sampling, config.gamma_policy
   lenience, verifier = config.lenience, config.verifier
-  state = _init_state(batch, max_len, gamma + 1, rng, target_cache, draft_cache, gamma)
-  if feature_dim is not None:  # before BOS: zero features, "verified" at position -1
-    state = state.replace(features=jnp.zeros((batch, gamma + 1, feature_dim), jnp.float32),
-                          feature_start=jnp.full((batch,), -1, jnp.int32))
+  state = _init_state(batch, max_len, gamma + 1, rng, target_cache, draft_cache, gamma,
+                      feature_dim)
   if prompt is not None:
     state = _with_prompt(state, prompt, max_len, target_fn, draft_fn)
 

@@ -150,10 +150,7 @@ def dynamic_tree_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, d
   grown, num_nodes = width * gamma, 1 + config.tree_nodes
   drawn = config.draft_tree_sampled and not cfg.greedy  # levels sampled from q
   state = _init_state(batch, max_len, max(num_nodes, gamma + 1), rng, target_cache,
-                      draft_cache, gamma)  # room for a step's gamma + 1 tokens
-  if feature_dim is not None:  # before BOS: zero features, "verified" at position -1
-    state = state.replace(features=jnp.zeros((batch, gamma + 1, feature_dim), jnp.float32),
-                          feature_start=jnp.full((batch,), -1, jnp.int32))
+                      draft_cache, gamma, feature_dim)  # room for a step's gamma + 1 tokens
   if prompt is not None:
     state = _with_prompt(state, prompt, max_len, target_fn, draft_fn)
   level = jnp.asarray(np.repeat(np.arange(gamma + 1), [1] + [width] * gamma))  # [1 + grown]
@@ -220,12 +217,10 @@ def dynamic_tree_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, d
           parents, tokens, jnp.full((batch, num_nodes), drawn), valid, p,
           q if drawn else jnp.zeros_like(p), uniforms, gamma, without_replacement=drawn)
       token = sampling.sample(keys[:, 1], dist)
-    if feature_dim is not None:  # [b, gamma + 1, F] the target's features along the path
-      s = s.replace(features=jnp.take_along_axis(out[2], path[:, :, None], axis=1),
-                    feature_start=s.length)
     return commit(s, tokens, parents, valid, path, n_acc, token, node_depth, node_kind,
                   bad=jnp.any(bad, axis=1), draft_bad=draft_bad, target_cache=target_cache,
-                  draft_cache=draft_cache, rng=rng, max_len=max_len, eos_id=eos_id)
+                  draft_cache=draft_cache, rng=rng, max_len=max_len, eos_id=eos_id,
+                  features=None if feature_dim is None else out[2])
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
   return _finish(state, max_len, prompt)

@@ -171,10 +171,8 @@ def tree_speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cach
   sibling_depth = [t + 1 for t, k in enumerate(siblings) for _ in range(k)]  # [S]
   depth_max = max(gamma, c)
   num_nodes = 1 + config.tree_nodes
-  state = _init_state(batch, max_len, num_nodes, rng, target_cache, draft_cache, depth_max)
-  if feature_dim is not None:  # before BOS: zero features, "verified" at position -1
-    state = state.replace(features=jnp.zeros((batch, depth_max + 1, feature_dim), jnp.float32),
-                          feature_start=jnp.full((batch,), -1, jnp.int32))
+  state = _init_state(batch, max_len, num_nodes, rng, target_cache, draft_cache, depth_max,
+                      feature_dim)
   if prompt is not None:
     state = _with_prompt(state, prompt, max_len, target_fn, draft_fn)
 
@@ -235,26 +233,31 @@ def tree_speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cach
     # sibling at its chain node's
     node_depth = jnp.array([0] + list(range(1, gamma + 1)) + list(range(1, c + 1))
                            + sibling_depth)
-    if feature_dim is not None:  # [b, D + 1, F] the target's features along the path
-      s = s.replace(features=jnp.take_along_axis(out[2], path[:, :, None], axis=1),
-                    feature_start=s.length)
     return commit(s, tokens, parents, valid, path, n_acc, token, node_depth, node_kind,
                   bad=jnp.any(bad, axis=1), draft_bad=draft_bad, target_cache=target_cache,
-                  draft_cache=draft_cache, rng=rng, max_len=max_len, eos_id=eos_id)
+                  draft_cache=draft_cache, rng=rng, max_len=max_len, eos_id=eos_id,
+                  features=None if feature_dim is None else out[2])
 
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
   return _finish(state, max_len, prompt)
 
 
 def commit(s, tokens, parents, valid, path, n_acc, token, node_depth, node_kind, *, bad,
-           draft_bad, target_cache, draft_cache, rng, max_len: int, eos_id: int):
+           draft_bad, target_cache, draft_cache, rng, max_len: int, eos_id: int,
+           features=None):
   """A tree step's end, once its path is accepted: tokens, parents and valid [b, N]
   (tree.py's layout, the root's first), path [b, D + 1] and n_acc [b]
   (tree_accept's), token [b] (the correction or bonus), node_depth [N] or [b, N] and
   node_kind [N] (stats.SOURCES) of every node, the rows' nonfinite flags bad, draft_bad [b]. The
   target's cache is compacted to the path, the path's tokens and `token` are emitted and
-  the step counted (verified: the valid nodes; draft length: the tree's valid depth)."""
+  the step counted (verified: the valid nodes; draft length: the tree's valid depth).
+  `features` [b, N, F]: the target's at every node, for a feature-reading draft; the state
+  keeps them along the path (what a chain call over the path gives), for the next step's
+  first head call."""
   batch, depth_max = tokens.shape[0], path.shape[1] - 1
+  if features is not None:  # [b, D + 1, F]
+    s = s.replace(features=jnp.take_along_axis(features, path[:, :, None], axis=1),
+                  feature_start=s.length)
   active = ~s.done
   target_cache = tree.compact(target_cache, s.length, path)
   accepted = jnp.take_along_axis(tokens, path[:, 1:], axis=1)  # [b, D]
