@@ -38,6 +38,7 @@ def pytest_configure(config):
       'command runs these after the others, not beside a second worker (two workers on two '
       'cores make a tiny model\'s millisecond timings noise)')
   _share_compiled_programs(config)
+  _compile_quickly()
 
 
 def _share_compiled_programs(config):
@@ -60,6 +61,66 @@ def _share_compiled_programs(config):
                     float(os.environ['JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS']))
   jax.config.update('jax_persistent_cache_min_entry_size_bytes',
                     int(os.environ['JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES']))
+
+
+# JAX's switches for compiling with the least optimisation effort: {name: (the variable a
+# child Python reads it from, its quick value)}.
+QUICK_COMPILE = {'jax_disable_most_optimizations': ('JAX_DISABLE_MOST_OPTIMIZATIONS', '1'),
+                 'jax_optimization_level': ('JAX_OPTIMIZATION_LEVEL', 'O0')}
+_USERS_VARIABLES = 'SPECDEC_TEST_USERS_COMPILE'  # the run's own values, for the workers
+
+
+def _users_compile() -> dict:
+  """{variable: value or None}: the compile variables the run started with (the first
+  process records them for the xdist workers, which inherit the quick ones)."""
+  if _USERS_VARIABLES not in os.environ:
+    os.environ[_USERS_VARIABLES] = json.dumps(
+        {variable: os.environ.get(variable) for variable, _ in QUICK_COMPILE.values()})
+  return json.loads(os.environ[_USERS_VARIABLES])
+
+
+def _set_compile(variables: dict):
+  """Sets the compile variables (None: unset) and JAX's switches to match them."""
+  for name, (variable, _) in QUICK_COMPILE.items():
+    value = variables[variable]
+    if value is None:
+      os.environ.pop(variable, None)
+    else:
+      os.environ[variable] = value
+    jax.config.update(name, _parse(name, value))
+
+
+def _parse(name: str, value):
+  """A switch's value as JAX reads it from its variable (None: JAX's default)."""
+  if name == 'jax_disable_most_optimizations':
+    return value is not None and value.lower() in ('y', 'yes', 't', 'true', 'on', '1')
+  return value or 'UNKNOWN'
+
+
+def _compile_quickly():
+  """The exactness, parity and unit tests compile their programs, and their children
+  theirs, with XLA's least optimisation effort: the same HLO semantics and the same results
+  to rounding, for about half the compile time that is most of their time. Set
+  for the whole run (fixtures and laws included, so no program is compiled at both
+  efforts); `compile_as_users_do` undoes it for the `slow` and `timing` tests (speed,
+  results tables, end-to-end runs). SPECDEC_TEST_QUICK_COMPILE=0 turns it off."""
+  users = _users_compile()
+  quick = os.environ.get('SPECDEC_TEST_QUICK_COMPILE') != '0'
+  _set_compile(dict(QUICK_COMPILE.values()) if quick else users)
+
+
+@pytest.fixture(autouse=True)
+def compile_as_users_do(request):
+  """A `slow` or `timing` test, and its children, compile with the run's own settings. (A
+  program that a fast test compiled in the same worker is reused as it is: the same
+  results; the `timing` tests run in a process of their own.)"""
+  if not any(request.node.get_closest_marker(mark) for mark in ('slow', 'timing')):
+    yield
+    return
+  quick = {variable: os.environ.get(variable) for variable, _ in QUICK_COMPILE.values()}
+  _set_compile(_users_compile())
+  yield
+  _set_compile(quick)
 
 
 # T5X and the libraries only T5X's path needs; a skip reason naming one of them is a skip

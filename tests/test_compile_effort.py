@@ -1,0 +1,38 @@
+"""The suite's compile effort (conftest): exactness, parity and unit tests compile with
+XLA's least optimisation effort, they and their children alike; a `slow` test compiles
+as the run's user does."""
+import json
+import os
+
+import jax
+import pytest
+
+import conftest
+
+_QUICK = os.environ.get('SPECDEC_TEST_QUICK_COMPILE') != '0'
+_CHILD = ('import json, jax; print("RESULT " + json.dumps('
+          '[jax.config.values[n] for n in %r]))' % list(conftest.QUICK_COMPILE))
+
+
+def _switches():
+  return [jax.config.values[name] for name in conftest.QUICK_COMPILE]
+
+
+def _users_switches():
+  users = json.loads(os.environ['SPECDEC_TEST_USERS_COMPILE'])
+  return [conftest._parse(name, users[variable])
+          for name, (variable, _) in conftest.QUICK_COMPILE.items()]
+
+
+@pytest.mark.skipif(not _QUICK, reason='SPECDEC_TEST_QUICK_COMPILE=0: every test compiles '
+                    'as the user does')
+def test_a_fast_test_and_its_child_compile_with_the_least_effort():
+  assert _switches() == [True, 'O0']
+  assert conftest.run_child(_CHILD) == [True, 'O0']
+
+
+@pytest.mark.slow
+def test_a_slow_test_and_its_child_compile_as_the_user_does():
+  assert _switches() == _users_switches()
+  assert conftest.run_child(_CHILD) == _users_switches()
+
