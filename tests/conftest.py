@@ -6,7 +6,10 @@ exactness and unit tests; README command 2 and .ci/run run everything.
 
 SPECDEC_REQUIRE_T5X=1 (set by .ci/run where it installs T5X): a test or test module that
 would be skipped for a missing T5X-stack module (its skip reason names one of T5X_STACK)
-fails instead, so that no comparison with stock T5X can silently drop out of a run."""
+fails instead, so that no comparison with stock T5X can silently drop out of a run.
+
+The tests that are neither `slow` nor `timing` compile with XLA's least optimisation
+effort (`_compile_quickly`); SPECDEC_TEST_QUICK_COMPILE=0 compiles everything as users do."""
 
 import functools
 import importlib.util
@@ -100,21 +103,34 @@ def _parse(name: str, value):
 def _compile_quickly():
   """The exactness, parity and unit tests compile their programs, and their children
   theirs, with XLA's least optimisation effort: the same HLO semantics and the same results
-  to rounding, for about half the compile time that is most of their time. Set
-  for the whole run (fixtures and laws included, so no program is compiled at both
-  efforts); `compile_as_users_do` undoes it for the `slow` and `timing` tests (speed,
-  results tables, end-to-end runs). SPECDEC_TEST_QUICK_COMPILE=0 turns it off."""
+  to rounding, for about half the compile time that is most of their time. Set for the
+  whole run, fixtures and shared laws included; `compile_as_users_do` undoes it for the
+  `slow` and `timing` tests (speed, results tables, end-to-end runs), and a run of those
+  alone never sets it. SPECDEC_TEST_QUICK_COMPILE=0 turns it off."""
   users = _users_compile()
   quick = os.environ.get('SPECDEC_TEST_QUICK_COMPILE') != '0'
   _set_compile(dict(QUICK_COMPILE.values()) if quick else users)
 
 
+def _quick(item) -> bool:
+  """Whether a test compiles with the least effort: neither `slow` nor `timing`."""
+  return (os.environ.get('SPECDEC_TEST_QUICK_COMPILE') != '0' and not any(
+      item.get_closest_marker(mark) for mark in ('slow', 'timing')))
+
+
+def pytest_collection_finish(session):
+  """A run that selects no quick test (the README's timing run) compiles as users do
+  throughout, its fixtures included."""
+  if not any(_quick(item) for item in session.items):
+    _set_compile(_users_compile())
+
+
 @pytest.fixture(autouse=True)
 def compile_as_users_do(request):
   """A `slow` or `timing` test, and its children, compile with the run's own settings. (A
-  program that a fast test compiled in the same worker is reused as it is: the same
-  results; the `timing` tests run in a process of their own.)"""
-  if not any(request.node.get_closest_marker(mark) for mark in ('slow', 'timing')):
+  program that a quick test compiled in the same worker is reused as it is, with the same
+  results: JAX's in-memory cache ignores the effort.)"""
+  if _quick(request.node):
     yield
     return
   quick = {variable: os.environ.get(variable) for variable, _ in QUICK_COMPILE.values()}
