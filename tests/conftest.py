@@ -71,6 +71,7 @@ def _share_compiled_programs(config):
 QUICK_COMPILE = {'jax_disable_most_optimizations': ('JAX_DISABLE_MOST_OPTIMIZATIONS', '1'),
                  'jax_optimization_level': ('JAX_OPTIMIZATION_LEVEL', 'O0')}
 _USERS_VARIABLES = 'SPECDEC_TEST_USERS_COMPILE'  # the run's own values, for the workers
+QUICK_ENABLED = os.environ.get('SPECDEC_TEST_QUICK_COMPILE') != '0'
 
 
 def _users_compile() -> dict:
@@ -108,14 +109,13 @@ def _compile_quickly():
   `slow` and `timing` tests (speed, results tables, end-to-end runs), and a run of those
   alone never sets it. SPECDEC_TEST_QUICK_COMPILE=0 turns it off."""
   users = _users_compile()
-  quick = os.environ.get('SPECDEC_TEST_QUICK_COMPILE') != '0'
-  _set_compile(dict(QUICK_COMPILE.values()) if quick else users)
+  _set_compile(dict(QUICK_COMPILE.values()) if QUICK_ENABLED else users)
 
 
 def _quick(item) -> bool:
   """Whether a test compiles with the least effort: neither `slow` nor `timing`."""
-  return (os.environ.get('SPECDEC_TEST_QUICK_COMPILE') != '0' and not any(
-      item.get_closest_marker(mark) for mark in ('slow', 'timing')))
+  return QUICK_ENABLED and not any(
+      item.get_closest_marker(mark) for mark in ('slow', 'timing'))
 
 
 def pytest_collection_finish(session):

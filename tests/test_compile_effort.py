@@ -9,7 +9,6 @@ import pytest
 
 import conftest
 
-_QUICK = os.environ.get('SPECDEC_TEST_QUICK_COMPILE') != '0'
 _CHILD = ('import json, jax; print("RESULT " + json.dumps('
           '[jax.config.values[n] for n in %r]))' % list(conftest.QUICK_COMPILE))
 
@@ -24,8 +23,8 @@ def _users_switches():
           for name, (variable, _) in conftest.QUICK_COMPILE.items()]
 
 
-@pytest.mark.skipif(not _QUICK, reason='SPECDEC_TEST_QUICK_COMPILE=0: every test compiles '
-                    'as the user does')
+@pytest.mark.skipif(not conftest.QUICK_ENABLED,
+                    reason='SPECDEC_TEST_QUICK_COMPILE=0: every test compiles as the user does')
 def test_a_fast_test_and_its_child_compile_with_the_least_effort():
   assert _switches() == [True, 'O0']
   assert conftest.run_child(_CHILD) == [True, 'O0']
