@@ -32,7 +32,7 @@ import logging
 import jax
 import jax.numpy as jnp
 
-from specdec_t5x.algorithm import cpu_kernels
+from specdec_t5x.algorithm import cpu_info, cpu_kernels
 
 MODE = 'packed_bf16'
 PAIR_PANEL = 2 * cpu_kernels.PANEL  # bfloat16 values per pair-panel row (cpu_kernels.cc)
@@ -40,7 +40,7 @@ PAIR_PANEL = 2 * cpu_kernels.PANEL  # bfloat16 values per pair-panel row (cpu_ke
 
 def _cpu_has_dpbf16() -> bool:
   """The CPU runs vdpbf16ps on 512-bit registers (AVX-512 F, BW and BF16)."""
-  return {'avx512f', 'avx512bw', 'avx512_bf16'} <= cpu_kernels.cpu_flags()
+  return {'avx512f', 'avx512bw', 'avx512_bf16'} <= cpu_info.cpu_flags()
 
 
 @functools.lru_cache(maxsize=None)

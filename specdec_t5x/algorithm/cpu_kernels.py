@@ -60,6 +60,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_t5x.algorithm.cpu_info import cpu_flags
+
 COLLECTION = 'cpu_packed'  # the Flax variable collection holding packed weights
 PANEL = 16  # columns per panel (cpu_kernels.cc kPanel)
 _TARGET = 'specdec_panel_matmul'
@@ -79,18 +81,6 @@ def _cache_dir() -> str:
     return os.environ['SPECDEC_KERNEL_CACHE']
   base = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
   return os.path.join(base, 'specdec_t5x')
-
-
-@functools.lru_cache(maxsize=None)
-def cpu_flags() -> frozenset:
-  """The CPU's feature flags (/proc/cpuinfo's first `flags` line; empty where there is none),
-  read once per process."""
-  try:
-    with open('/proc/cpuinfo', encoding='utf-8') as f:
-      return frozenset(next((line.split(':', 1)[1].split() for line in f
-                             if line.startswith('flags')), []))
-  except OSError:
-    return frozenset()
 
 
 def _cpu_has_avx2_fma() -> bool:

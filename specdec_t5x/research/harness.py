@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import jax
 
-from specdec_t5x.algorithm import timing
+from specdec_t5x.algorithm import cpu_info, timing
 from specdec_t5x.integration import run_dir
 
 # ------------------------------------------------------------------ flags
@@ -112,7 +112,8 @@ def interleaved(fns: Dict[str, Callable[[], Any]], repeats: int) -> Timings:
 
 
 def environment(**extra: Any) -> Dict[str, Any]:
-  """Machine, device, versions and code revision, recorded in every results file."""
+  """Machine (its CPU's model and kernel features too), device, versions and code revision,
+  recorded in every results file."""
   import flax  # pylint: disable=g-import-not-at-top
   import jaxlib  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -123,7 +124,7 @@ def environment(**extra: Any) -> Dict[str, Any]:
           'num_devices': jax.device_count(), 'cpu_count': os.cpu_count(),
           'machine': platform.machine(), 'python': platform.python_version(),
           'jax': jax.__version__, 'jaxlib': jaxlib.__version__, 'flax': flax.__version__,
-          'numpy': np.__version__, **extra}
+          'numpy': np.__version__, **cpu_info.describe(), **extra}
 
 
 # ------------------------------------------------------------------ Markdown

@@ -260,11 +260,21 @@ def index(root: str = RESULTS) -> List[str]:
       continue
     d = load(name, root)
     env = d.get('environment', {})
-    machine = f"{env.get('platform', '?')}, {env.get('cpu_count', '?')} cores"
+    machine = _machine(env)
     headline = HEADLINES[name](d) if name in HEADLINES else 'see the file'
     lines.append(f"| `{name}.md` | `{d.get('command', '?')}` | {_revision(d)} | "
                  f'{_date(d, name, root)} | {machine} | {headline} |')
   return lines
+
+
+def _machine(env: dict) -> str:
+  """The index's machine column: platform, cores, and the CPU's model and its bfloat16
+  features where the file recorded them (older files did not)."""
+  parts = [env.get('platform', '?'), f"{env.get('cpu_count', '?')} cores"]
+  if env.get('cpu'):
+    parts.append(env['cpu'])
+  bf16 = [f for f in env.get('cpu_features', ()) if 'bf16' in f]
+  return ', '.join(parts + bf16)
 
 
 def results_table(root: str = RESULTS) -> List[str]:

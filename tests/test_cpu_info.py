@@ -1,0 +1,42 @@
+"""The CPU's description that results files record (algorithm/cpu_info.py,
+research/harness.environment) and the results index shows (research/reproduce.py)."""
+
+import os
+
+from specdec_t5x.algorithm import cpu_info, cpu_kernels
+from specdec_t5x.research import harness, reproduce
+
+CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 9B45
+flags\t\t: fpu avx2 fma avx512f avx512bw avx512_bf16 sha_ni
+
+processor\t: 1
+model name\t: not the first line
+"""
+
+
+def test_fields_are_read_from_the_first_processor():
+  assert cpu_info.field(CPUINFO, 'model name') == 'AMD EPYC 9B45'
+  assert cpu_info.field(CPUINFO, 'flags').split()[-2:] == ['avx512_bf16', 'sha_ni']
+  assert cpu_info.field(CPUINFO, 'microcode') == ''
+  assert cpu_info.field('', 'flags') == ''
+
+
+def test_description_keeps_the_kernel_features_in_order(monkeypatch):
+  monkeypatch.setattr(cpu_info, '_cpuinfo', lambda: CPUINFO)
+  assert cpu_info.describe() == {
+      'cpu': 'AMD EPYC 9B45',
+      'cpu_features': ['avx2', 'fma', 'avx512f', 'avx512bw', 'avx512_bf16']}
+  monkeypatch.setattr(cpu_info, '_cpuinfo', lambda: '')
+  assert cpu_info.describe() == {'cpu': 'unknown', 'cpu_features': []}
+
+
+def test_results_record_this_machines_cpu_and_the_index_shows_it():
+  env = harness.environment()
+  assert env['cpu'] == (cpu_info.cpu_model() or 'unknown')
+  assert set(env['cpu_features']) == set(cpu_info.KERNEL_FEATURES) & cpu_kernels.cpu_flags()
+  bf16 = ', avx512_bf16' if 'avx512_bf16' in env['cpu_features'] else ''
+  machine = reproduce._machine  # pylint: disable=protected-access
+  assert machine(env) == f"cpu, {os.cpu_count()} cores, {env['cpu']}{bf16}"
+  assert machine({'platform': 'cpu', 'cpu_count': 2}) == 'cpu, 2 cores'  # an older file
