@@ -1,10 +1,11 @@
 """The suite's compile effort (conftest): exactness, parity and unit tests compile with
-XLA's least optimisation effort, they and their children alike; a `slow` test compiles
-as the run's user does."""
+XLA's least optimisation effort, they and their children alike (and XLA:CPU's elemental
+emitters in the test's own process); a `slow` test compiles as the run's user does."""
 import json
 import os
 
 import jax
+from jax._src import compiler as jax_compiler  # pylint: disable=g-direct-jax-src-import
 import pytest
 
 import conftest
@@ -17,6 +18,12 @@ def _switches():
   return [jax.config.values[name] for name in conftest.QUICK_COMPILE]
 
 
+def _xla_options():
+  """The options of XLA's own that this process's next compile gets (conftest)."""
+  return [o for o in jax_compiler.get_compile_options(1, 1).env_option_overrides
+          if o in conftest.QUICK_XLA_OPTIONS]
+
+
 def _users_switches():
   users = json.loads(os.environ['SPECDEC_TEST_USERS_COMPILE'])
   return [conftest._parse(name, users[variable])
@@ -27,11 +34,14 @@ def _users_switches():
                     reason='SPECDEC_TEST_QUICK_COMPILE=0: every test compiles as the user does')
 def test_a_fast_test_and_its_child_compile_with_the_least_effort():
   assert _switches() == [True, 'O0']
+  assert _xla_options() == list(conftest.QUICK_XLA_OPTIONS)
   assert conftest.run_child(_CHILD) == [True, 'O0']
 
 
 @pytest.mark.slow
 def test_a_slow_test_and_its_child_compile_as_the_user_does():
   assert _switches() == _users_switches()
+  assert _xla_options() == ([] if _users_switches()[0] is False else
+                            list(conftest.QUICK_XLA_OPTIONS))  # a user's own switch
   assert conftest.run_child(_CHILD) == _users_switches()
 
