@@ -1,10 +1,14 @@
 """The CPU's description that results files record (algorithm/cpu_info.py,
 research/harness.environment) and the results index shows (research/reproduce.py)."""
 
+import json
 import os
+import pathlib
 
 from specdec_t5x.algorithm import cpu_info, cpu_kernels
 from specdec_t5x.research import harness, reproduce
+
+RESULTS = pathlib.Path(__file__).resolve().parents[1] / 'results'
 
 CPUINFO = """processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -40,3 +44,16 @@ def test_results_record_this_machines_cpu_and_the_index_shows_it():
   machine = reproduce._machine  # pylint: disable=protected-access
   assert machine(env) == f"cpu, {os.cpu_count()} cores, {env['cpu']}{bf16}"
   assert machine({'platform': 'cpu', 'cpu_count': 2}) == 'cpu, 2 cores'  # an older file
+
+
+def test_the_readme_box_names_the_cpu_of_a_cpu_row(tmp_path):
+  """The committed files' headlines, their environment replaced by one that names a CPU."""
+  env = {'platform': 'cpu', 'cpu_count': 2, 'cpu': 'AMD EPYC', 'cpu_features': ['avx512_bf16'],
+         'git_revision': 'abcdef0123'}
+  for name in ('demo_speedup_runs', 'compiled_table2'):
+    d = json.loads((RESULTS / f'{name}.json').read_text())
+    (tmp_path / f'{name}.json').write_text(json.dumps(dict(d, environment=env)))
+  rows = {line.split(' | ')[0]: line for line in reproduce.speedup_box(str(tmp_path))}
+  assert rows['| CPU, the demo command (measured)'].endswith(
+      '(abcdef0123; cpu, 2 cores, AMD EPYC, avx512_bf16) |')
+  assert rows['| TPU v4 / H200 (predicted, not measured)'].endswith('(abcdef0123) |')

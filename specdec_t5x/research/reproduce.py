@@ -288,12 +288,16 @@ def results_table(root: str = RESULTS) -> List[str]:
 
 
 def speedup_box(root: str = RESULTS) -> List[str]:
-  """The README's "what speedup where" box: SPEEDUP_BOX's rows, each file's headline."""
+  """The README's "what speedup where" box: SPEEDUP_BOX's rows, each file's headline, and
+  for a CPU row the machine its file recorded (CPU speedups depend on the CPU)."""
   lines = [BOX_BEGIN, '| where | what the results say | file |', '|---|---|---|']
   for where, name in SPEEDUP_BOX:
     d = load(name, root)
     said = HEADLINES[name](d) if d is not None else 'not measured yet'
-    lines.append(f'| {where} | {said} | `results/{name}.md` ({_revision(d or {})}) |')
+    env = (d or {}).get('environment', {})
+    measured_on = f"; {_machine(env)}" if where.startswith('CPU') and env.get('cpu') else ''
+    lines.append(f'| {where} | {said} | `results/{name}.md` ({_revision(d or {})}'
+                 f'{measured_on}) |')
   return lines + [BOX_END]
 
 
