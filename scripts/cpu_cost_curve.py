@@ -48,10 +48,11 @@ def model(size: str, dtype: str):
   if size == 'demo':
     module, params = evaluation.load_model('demo_target')
     config = dataclasses.replace(module.config, dtype=dtype)
+    params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), params)
   else:
     config = network.t5_1_1_config(size, num_encoder_layers=1, dtype=dtype)
-    params = random_init.init_params(network.Transformer(config), jax.random.PRNGKey(0))
-  params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), params)
+    params = random_init.init_params(network.Transformer(config), jax.random.PRNGKey(0),
+                                     dtype=dtype)
   return network.Transformer(config), params
 
 
