@@ -37,7 +37,8 @@ from specdec_t5x.algorithm.network import T5Config, Transformer
 def pytest_configure(config):
   config.addinivalue_line(
       'markers', 'slow: an end-to-end run (subprocess, runner, training), a results '
-      'table\'s tooling or a check of speed, not exactness; deselect with -m "not slow" for the exactness and unit tests alone')
+      'table\'s tooling or a check of speed, not exactness; deselect with -m "not slow" for '
+      'the exactness and unit tests alone')
   config.addinivalue_line(
       'markers', 'timing: asserts on wall-clock timings, so it runs alone: the README\'s test '
       'command runs these after the others, not beside a second worker (two workers on two '

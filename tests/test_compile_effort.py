@@ -41,7 +41,7 @@ def test_a_fast_test_and_its_child_compile_with_the_least_effort():
 @pytest.mark.slow
 def test_a_slow_test_and_its_child_compile_as_the_user_does():
   assert _switches() == _users_switches()
-  assert _xla_options() == ([] if _users_switches()[0] is False else
-                            list(conftest.QUICK_XLA_OPTIONS))  # a user's own switch
+  assert _xla_options() == ([] if not _users_switches()[0] else  # unless the user set it
+                            list(conftest.QUICK_XLA_OPTIONS))
   assert conftest.run_child(_CHILD) == _users_switches()
 
