@@ -124,7 +124,11 @@ def _users_compile() -> dict:
 
 
 def _set_compile(variables: dict):
-  """Sets the compile variables (None: unset) and JAX's switches to match them."""
+  """Sets the compile variables (None: unset) and JAX's switches to match them. A change of
+  effort empties JAX's in-memory caches, which ignore the effort: a program compiled with
+  the other effort rounds differently (the elemental emitters' transcendental functions),
+  and a test that compares two programs bit for bit must get both from one effort."""
+  before = [jax.config.values[name] for name in QUICK_COMPILE]
   for name, (variable, _) in QUICK_COMPILE.items():
     value = variables[variable]
     if value is None:
@@ -132,6 +136,8 @@ def _set_compile(variables: dict):
     else:
       os.environ[variable] = value
     jax.config.update(name, _parse(name, value))
+  if [jax.config.values[name] for name in QUICK_COMPILE] != before:
+    jax.clear_caches()
 
 
 def _parse(name: str, value):
@@ -166,9 +172,8 @@ def pytest_collection_finish(session):
 
 @pytest.fixture(autouse=True)
 def compile_as_users_do(request):
-  """A `slow` or `timing` test, and its children, compile with the run's own settings. (A
-  program that a quick test compiled in the same worker is reused as it is, with the same
-  results: JAX's in-memory cache ignores the effort.)"""
+  """A `slow` or `timing` test, and its children, compile with the run's own settings (and
+  compile afresh: `_set_compile` empties the in-memory caches when the effort changes)."""
   if _quick(request.node):
     yield
     return

@@ -45,3 +45,19 @@ def test_a_slow_test_and_its_child_compile_as_the_user_does():
                             list(conftest.QUICK_XLA_OPTIONS))
   assert conftest.run_child(_CHILD) == _users_switches()
 
+
+
+def test_a_change_of_effort_empties_the_in_memory_caches():
+  """Programs compiled with one effort are not reused with the other (they round apart)."""
+  f = jax.jit(lambda x: jax.numpy.tanh(x) * 3.0)
+  f(1.0)
+  now = {variable: os.environ.get(variable) for variable, _ in conftest.QUICK_COMPILE.values()}
+  other = {variable: None if value else '1' for variable, value in now.items()}
+  set_compile = conftest._set_compile  # pylint: disable=protected-access
+  set_compile(now)
+  assert f._cache_size() == 1  # the same effort: kept  # pylint: disable=protected-access
+  try:
+    set_compile(other)
+    assert f._cache_size() == 0  # pylint: disable=protected-access
+  finally:
+    set_compile(now)
