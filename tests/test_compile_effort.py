@@ -47,6 +47,7 @@ def test_a_slow_test_and_its_child_compile_as_the_user_does():
 
 
 
+@pytest.mark.slow  # it empties the worker's caches: kept out of the fast set's time
 def test_a_change_of_effort_empties_the_in_memory_caches():
   """Programs compiled with one effort are not reused with the other (they round apart)."""
   f = jax.jit(lambda x: jax.numpy.tanh(x) * 3.0)
