@@ -118,7 +118,7 @@ def test_draws_verified_as_iid_children_are_detected(models, monkeypatch):
 
 @pytest.mark.parametrize('settings', [
     dict(draft_tree_width=-1), dict(draft_tree_width=9), dict(draft_tree_width=1.5),
-    dict(draft_tree_width='2'), dict(draft_tree_width=2, copy_branch=1),
+    dict(draft_tree_width='2'),
     dict(draft_tree_width=2, draft_siblings=1), dict(draft_tree_width=2, gamma='auto'),
     dict(draft_tree_width=2, verifier='block'), dict(draft_tree_width=2, lenience=0.5),
     dict(draft_tree_width=2, gamma_policy='confidence'), dict(draft_tree_nodes=1),

@@ -27,6 +27,8 @@ pytestmark = pytest.mark.slow  # a results table's tooling, not the decode path
     ('g3+w2@demo_draft_s', dict(gamma=3, draft_tree_width=2), 'demo_draft_s'),
     ('g3+w2+n3', dict(gamma=3, draft_tree_width=2, draft_tree_nodes=3), 'demo_draft_m'),
     ('g3+w2s', dict(gamma=3, draft_tree_width=2, draft_tree_sampled=True), 'demo_draft_m'),
+    ('g7+w4+n11+c4', dict(gamma=7, draft_tree_width=4, draft_tree_nodes=11, copy_branch=4),
+     'demo_draft_m'),
 ])
 def test_a_spec_names_its_settings_and_draft(spec, settings, draft):
   assert experiments.parse_decode(spec) == (settings, draft)
@@ -38,7 +40,7 @@ def test_a_spec_names_its_settings_and_draft(spec, settings, draft):
     ('g2+x1', "unknown part 'x1'"), ('g2+c1+c2', 'twice'),
     ('g2+conf0.5+ra0.2', 'twice'),
     ('g2+s1+block', 'block'),  # DecodeConfig refuses siblings with the block verifier
-    ('g2+w2+c1', 'draft_tree_width'),  # the draft's own tree takes no copy branch
+    ('g2+w2+s1', 'draft_tree_width'),  # the draft's own tree holds its runner-ups
     ('g2+w2+n5', 'draft_tree_nodes'),  # more than the 4 grown
     ('g2+w2s+n3', 'draft_tree_sampled'),  # drawn levels are verified whole
     ('g0', 'gamma'),

@@ -265,8 +265,8 @@ def decode_program(target_module, draft_module, *, max_len: int, config: DecodeC
     if config.draft_tree_width:
       return dynamic_tree.dynamic_tree_decode(
           target_fn, wrap('draft', _extend_fn(draft_module, draft_vars)), target_cache,
-          draft_cache, rng, batch=batch, max_len=max_len, config=config, eos_id=eos_id,
-          prompt=prompt, settings=settings, **head)
+          draft_cache, rng, encoder_tokens, batch=batch, max_len=max_len, config=config,
+          eos_id=eos_id, prompt=prompt, settings=settings, **head)
     if config.tree:
       return tree_decoding.tree_speculative_decode(
           target_fn, wrap('draft', _extend_fn(draft_module, draft_vars)), target_cache,

@@ -99,8 +99,9 @@ class DecodeConfig:
     copy_branch: tokens of a copy-from-input branch (prompt lookup: what followed the most
       recent earlier occurrence of the last 1-3 tokens, in the encoder input or the
       decoded prefix) verified beside the draft's chain in the same target call, as a
-      draft tree (tree_decoding.py; exact); 0 = the chain alone. With the token verifier,
-      the fixed gamma policy and lenience 1 only.
+      draft tree (tree_decoding.py; exact), or grafted onto the draft's dynamic tree
+      (draft_tree_width); 0 = the chain alone. With the token verifier, the fixed gamma
+      policy and lenience 1 only.
     draft_siblings: the draft's next most likely tokens after its own pick, verified as
       leaf guesses beside the chain's token at the same depth (a static draft tree in one
       target call, tree_decoding.py; exact): k (k at every depth 1..gamma) or a tuple of
@@ -110,9 +111,11 @@ class DecodeConfig:
       EAGLE-2's expansion (dynamic_tree.py; exact): at each depth the W nodes of largest
       draft path probability among the children (the draft's W most likely tokens) of
       the level above, found by one draft tree call per level; 1 + W * gamma nodes
-      verified in one target call. 0 = none. Not with copy_branch or draft_siblings; the
-      same settings as they, and a draft that is a T5 model (network.Transformer) or a
-      feature head (its tree calls feed each node its parent's predicted feature).
+      verified in one target call. 0 = none. With copy_branch the copy branch is grafted
+      onto the grown tree (a mixed tree: its guesses that the tree already holds are
+      merged). Not with draft_siblings; the same settings as copy_branch, and a draft that
+      is a T5 model (network.Transformer) or a feature head (its tree calls feed each node
+      its parent's predicted feature).
     draft_tree_nodes: N: of the W * gamma nodes grown, the N of largest draft path
       probability are verified (EAGLE-2's reranking: they form a tree, a node's path
       probability being at most its parent's), 1 + N positions per target call; 0 = all.
@@ -213,9 +216,9 @@ class DecodeConfig:
                        'grown node: draft_tree_nodes must be 0 (reranking sampled nodes by '
                        f'their probability would bias them), got draft_tree_width={width}, '
                        f'draft_tree_nodes={nodes}.')
-    if width and (self.copy_branch or self.draft_siblings or self.gamma == 'auto'):
+    if width and (self.draft_siblings or self.gamma == 'auto'):
       raise ValueError('draft_tree_width (the draft\'s own tree) takes an integer gamma and '
-                       'neither copy_branch nor draft_siblings.')
+                       'no draft_siblings (its levels hold the runner-ups).')
     if self.tree and (self.verifier != 'token' or policy.kind != 'fixed' or self.lossy):
       raise ValueError("copy_branch, draft_siblings and draft_tree_width (a draft tree) "
                        "are verified with "
@@ -248,10 +251,10 @@ class DecodeConfig:
 
   @property
   def tree_nodes(self) -> int:
-    """Draft tokens one step verifies: gamma + copy_branch + the siblings, or W * gamma
-    for the draft's own tree (an int gamma)."""
+    """Draft tokens one step verifies: gamma + copy_branch + the siblings, or the draft's
+    own tree's (draft_tree_nodes, else W * gamma; an int gamma) + copy_branch."""
     if self.draft_tree_width:
-      return self.draft_tree_nodes or self.draft_tree_width * self.gamma
+      return (self.draft_tree_nodes or self.draft_tree_width * self.gamma) + self.copy_branch
     return self.gamma + self.copy_branch + sum(self.draft_siblings)
 
   @property

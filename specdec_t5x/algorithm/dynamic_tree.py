@@ -58,7 +58,7 @@ from specdec_t5x.algorithm.decoding import (ExtendFn, _finish, _init_state, _spl
 from specdec_t5x.algorithm.drafting import (DraftVocabulary, feature_drafter, feature_pick,
                                             full_distributions)
 from specdec_t5x.algorithm.stats import DecodeStats
-from specdec_t5x.algorithm.tree_decoding import commit
+from specdec_t5x.algorithm.tree_decoding import commit, copy_continuation, graft_copy
 
 
 def _token_ids(columns, vocab: Optional[DraftVocabulary]):
@@ -136,7 +136,7 @@ def rerank(scores, tokens, parents, keep: int):
 
 
 def dynamic_tree_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, draft_cache,
-                        rng, *, batch: int, max_len: int, config: DecodeConfig, eos_id: int,
+                        rng, encoder_tokens=None, *, batch: int, max_len: int, config: DecodeConfig, eos_id: int,
                         prompt=None, settings: Optional[sampling.Sampling] = None,
                         feature_dim: Optional[int] = None,
                         draft_vocab: Optional[DraftVocabulary] = None
@@ -144,28 +144,34 @@ def dynamic_tree_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, d
   """decoding.speculative_decode with the draft's dynamic tree of config.gamma levels of
   config.draft_tree_width nodes (the module docstring). draft_fn takes a tree (a T5
   model's extend, or a feature head's: `feature_dim` and `draft_vocab` as
-  decoding.speculative_decode's). Returns (tokens [b, max_len], stats); the length
-  histograms have gamma + 1 entries. `settings`: as decoding.speculative_decode's."""
+  decoding.speculative_decode's). With config.copy_branch = c the copy branch
+  (tree_decoding.copy_continuation over `encoder_tokens` [b, L]) is grafted onto the grown
+  tree (tree_decoding.graft_copy). Returns (tokens [b, max_len], stats); the length
+  histograms have max(gamma, c) + 1 entries. `settings`: as decoding.speculative_decode's."""
   gamma, width, cfg = config.gamma, config.draft_tree_width, settings or config.sampling
-  grown, num_nodes = width * gamma, 1 + config.tree_nodes
+  c = config.copy_branch
+  grown, depth_max = width * gamma, max(gamma, c)
+  num_nodes = 1 + config.tree_nodes  # the kept tree's nodes, then the copy branch's c
   drawn = config.draft_tree_sampled and not cfg.greedy  # levels sampled from q
-  state = _init_state(batch, max_len, max(num_nodes, gamma + 1), rng, target_cache,
-                      draft_cache, gamma, feature_dim)  # room for a step's gamma + 1 tokens
+  state = _init_state(batch, max_len, max(num_nodes, depth_max + 1), rng, target_cache,
+                      draft_cache, depth_max, feature_dim)  # room for a step's tokens
   if prompt is not None:
     state = _with_prompt(state, prompt, max_len, target_fn, draft_fn)
   level = jnp.asarray(np.repeat(np.arange(gamma + 1), [1] + [width] * gamma))  # [1 + grown]
-  node_kind = jnp.zeros((num_nodes,), jnp.int32)  # every node the draft's (stats.SOURCES)
+  node_kind = jnp.array([0] * (num_nodes - c) + [1] * c)  # stats.SOURCES
+  is_drawn = jnp.arange(num_nodes)[None, :] < num_nodes - c  # [1, N] the tree's nodes
 
   def body(s):
     # uniforms, correction (and a sampled tree's draws: W per level)
     rng, keys = _split_keys(s.rng, 2 + grown if drawn else 2, cfg)
     room = jnp.where(~s.done, max_len - s.length - 1, 0)  # [b] tokens that can be drafted
-    limit = jnp.minimum(room, gamma)
+    limit = jnp.minimum(room, depth_max)
     if feature_dim is None:
-      # The draft re-reads the last gamma + 1 tokens (positions start .. start + gamma).
-      start = jnp.maximum(s.length - gamma, -1)
-      logits, draft_cache = draft_fn(s.draft_cache, rows.window(s.seq, start + 1, gamma + 1),
-                                     start)
+      # The draft re-reads the last D + 1 tokens (positions start .. start + D, D =
+      # depth_max): the accepted path may have left any branch.
+      start = jnp.maximum(s.length - depth_max, -1)
+      logits, draft_cache = draft_fn(s.draft_cache,
+                                     rows.window(s.seq, start + 1, depth_max + 1), start)
       frontier = jnp.take_along_axis(logits, (s.length - start)[:, None, None], axis=1)
     else:  # the head re-reads the last step's accepted path with the target's features
       (first, (draft_cache, predicted)), _ = feature_drafter(draft_fn, s)
@@ -198,24 +204,30 @@ def dynamic_tree_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, d
         scores, tokens, parents = grow(frontier, scores, tokens, parents, width, draft_vocab)
       path_scores.append(scores)
     node_depth = jnp.broadcast_to(level, (batch, 1 + grown))
-    if num_nodes < 1 + grown:  # the best num_nodes - 1 of them
+    if num_nodes - c < 1 + grown:  # the best num_nodes - c - 1 of them
       tokens, parents, kept = rerank(jnp.concatenate(path_scores, axis=1), tokens, parents,
-                                     num_nodes - 1)
+                                     num_nodes - c - 1)
       node_depth = jnp.take_along_axis(node_depth, kept, axis=1)
-    valid = (node_depth <= limit[:, None]) | (jnp.arange(num_nodes) == 0)[None, :]
+    valid = (node_depth <= limit[:, None]) | (jnp.arange(num_nodes - c) == 0)[None, :]
     if drawn:  # a draw after q's mass ran out is void
       valid &= jnp.isfinite(jnp.concatenate([jnp.zeros((batch, 1))] + path_scores, axis=1))
+    if c:  # guess j at depth j + 1
+      tokens, parents, valid = graft_copy(
+          tokens, parents, valid, *copy_continuation(encoder_tokens, s.seq, s.length, c), limit)
+      node_depth = jnp.concatenate(
+          [node_depth, jnp.broadcast_to(jnp.arange(1, c + 1), (batch, c))], axis=1)
     out = target_fn(s.target_cache, tokens, s.length, tree=parents)
     logits, target_cache = out[:2]
     if cfg.greedy:
       best, bad = sampling.argmax_checked(logits)  # [b, N] each
-      path, n_acc, token = tree_accept.accept_greedy(parents, tokens, best, valid, gamma)
+      path, n_acc, token = tree_accept.accept_greedy(parents, tokens, best, valid,
+                                                     depth_max)
     else:
       p, bad = sampling.standardize_checked(logits, cfg)  # [b, N, V]
       uniforms = jax.vmap(lambda k: jax.random.uniform(k, (num_nodes,)))(keys[:, 0])
       path, n_acc, dist = tree_accept.accept_sampled(
-          parents, tokens, jnp.full((batch, num_nodes), drawn), valid, p,
-          q if drawn else jnp.zeros_like(p), uniforms, gamma, without_replacement=drawn)
+          parents, tokens, jnp.broadcast_to(is_drawn & drawn, (batch, num_nodes)), valid, p,
+          q if drawn else jnp.zeros_like(p), uniforms, depth_max, without_replacement=drawn)
       token = sampling.sample(keys[:, 1], dist)
     return commit(s, tokens, parents, valid, path, n_acc, token, node_depth, node_kind,
                   bad=jnp.any(bad, axis=1), draft_bad=draft_bad, target_cache=target_cache,

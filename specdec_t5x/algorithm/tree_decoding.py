@@ -120,6 +120,35 @@ def tree_layout(chain, copy, copy_known, num_drafted, limit):
   return parents.astype(jnp.int32), jnp.concatenate([chain, copy], axis=1), valid, sampled
 
 
+def graft_copy(tokens, parents, valid, copy, copy_known, limit):
+  """A copy branch grafted onto a grown tree (a dynamic tree's): tokens, parents and valid
+  [b, N] (tree.py's layout, the root's token first), copy and copy_known [b, c]
+  (copy_continuation), limit [b] (the deepest node that can count) -> the same three with
+  N + c nodes: guess j (depth j + 1) hangs below the valid node that holds guesses 1..j
+  where the tree has them and is void (the tree's node is the guess: duplicates merged),
+  else it is a new node below guess j - 1's. A guess past the known tokens, the row's
+  room or a void guess is void. Fixed guesses after every tree node, as tree_accept asks."""
+  b, n = tokens.shape
+  at = jnp.zeros((b,), jnp.int32)  # the node holding the guesses so far (the root first)
+  in_tree = jnp.ones((b,), bool)  # it is one of the tree's n nodes
+  live = jnp.ones((b,), bool)  # it is valid
+  new_parents, new_valid = [], []
+  for j in range(copy.shape[1]):
+    match = (in_tree[:, None] & valid & (parents == at[:, None])
+             & (tokens == copy[:, j:j + 1]))  # [b, n] the tree's node holding guess j
+    merged = jnp.any(match, axis=1)
+    live &= copy_known[:, j] & (j + 1 <= limit)
+    new_parents.append(at)
+    new_valid.append(live & ~merged)
+    at = jnp.where(merged, jnp.argmax(match, axis=1), n + j).astype(jnp.int32)
+    in_tree &= merged
+  if not new_parents:
+    return tokens, parents, valid
+  return (jnp.concatenate([tokens, copy.astype(tokens.dtype)], axis=1),
+          jnp.concatenate([parents, jnp.stack(new_parents, axis=1).astype(parents.dtype)], 1),
+          jnp.concatenate([valid, jnp.stack(new_valid, axis=1)], axis=1))
+
+
 def runner_up(logits, chosen, k: int, vocab: Optional[DraftVocabulary] = None):
   """The k most likely tokens of logits [b, V] other than chosen [b] -> [b, k] int32, most
   likely first (ties: the lower id first). With `vocab` the logits' columns are its ids
