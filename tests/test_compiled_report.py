@@ -88,7 +88,8 @@ def test_memory_grows_with_batch_and_shrinks_with_devices(tiny):
         assert v['fits'][chip.name] == (v['resident_bytes'] <= chip.hbm_bytes)
 
 
-TREE_FILES = ('results/tree.json', 'results/dynamic_tree.json', 'results/sampled_tree.json')
+TREE_FILES = ('results/tree.json', 'results/dynamic_tree.json', 'results/sampled_tree.json',
+              'results/tree_budget.json')
 
 
 def _tree_rows():
@@ -97,13 +98,16 @@ def _tree_rows():
 
 
 def _dynamic_draft_calls(decode):
-  """A dynamic tree g<gamma>+w<W>'s draft calls per step: its re-feed of gamma + 1 tokens
-  and its tree calls over 1 + W d nodes (d < gamma); [] for any other decode."""
+  """A dynamic tree g<gamma>+w<W>[+c<n>]'s draft calls per step: its re-feed of
+  max(gamma, n) + 1 tokens and its tree calls over 1 + W d nodes (d < gamma); [] for any
+  other decode."""
   m = re.match(r'g(\d+)\+w(\d+)', decode)
   if not m:
     return []
   gamma, width = int(m.group(1)), int(m.group(2))
-  return [f'step_{gamma + 1}'] + [f'tree_{1 + width * d}' for d in range(1, gamma)]
+  copy = re.search(r'\+c(\d+)', decode)
+  refeed = max(gamma, int(copy.group(1)) if copy else 0) + 1
+  return [f'step_{refeed}'] + [f'tree_{1 + width * d}' for d in range(1, gamma)]
 
 
 def _expected_programs():

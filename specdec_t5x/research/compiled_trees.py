@@ -14,11 +14,12 @@ positions: `step_<k>` for a chain of k positions, `tree_<k>` for a tree of k nod
 same call with the tree's attention layout), `step_1` for AR. t_drafts is
 the draft's calls per step: draft calls x its one-token step for a chain and a static
 tree; for the draft's dynamic tree of gamma levels of W (draft_tree_width) its own calls,
-the re-feed of the last gamma + 1 tokens (`step_<gamma + 1>`) and one tree call over the
-1 + W d nodes grown so far for each level d = 1 .. gamma - 1 (`tree_<1 + W d>`). It is the
-paper's cost model (Table 2's predictions) with the acceptance measured rather than assumed
-i.i.d.; the drafts' and targets' acceptance is the demo family's, not the paper's models',
-so the rows compare chains with trees, they do not predict the paper's numbers.
+the re-feed of the last D + 1 tokens (`step_<D + 1>`, D = max(gamma, copy_branch)) and
+one tree call over the 1 + W d nodes grown so far for each level d = 1 .. gamma - 1
+(`tree_<1 + W d>`). It is the paper's cost model (Table 2's predictions) with the
+acceptance measured rather than assumed i.i.d.; the drafts' and targets' acceptance is the
+demo family's, not the paper's models', so the rows compare chains with trees, they do not
+predict the paper's numbers.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from specdec_t5x.research import decode_specs, harness, paper
 DRAFT = 'small'  # the paper's draft of the design card (configs/spec_t5_small_xxl.gin)
 FIELDS = ('task', 'temperature', 'decode', 'verified_positions', 'draft_calls',
           'mean_tokens_per_target_call')
-SOURCES = 'results/tree.json,results/dynamic_tree.json,results/sampled_tree.json'
+SOURCES = ('results/tree.json,results/dynamic_tree.json,results/sampled_tree.json,'
+           'results/tree_budget.json')
 
 
 def load(paths: str) -> Optional[List[Dict[str, Any]]]:
@@ -69,7 +71,8 @@ def draft_programs(row: Mapping[str, Any]) -> Optional[List[str]]:
   if not (config and config.draft_tree_width):
     return None
   gamma, width = config.gamma, config.draft_tree_width
-  return [f'step_{gamma + 1}'] + [f'tree_{1 + width * d}' for d in range(1, gamma)]
+  refeed = max(gamma, config.copy_branch) + 1  # a grafted copy branch's path may be longer
+  return [f'step_{refeed}'] + [f'tree_{1 + width * d}' for d in range(1, gamma)]
 
 
 def call_sizes(rows: Sequence[Mapping[str, Any]]) -> Dict[str, Tuple[List[int], List[int]]]:

@@ -96,6 +96,17 @@ EXPERIMENTS: Dict[str, Experiment] = {
         'g5+w2+n5@demo_feature_head_kd,g3+w2+n5@demo_feature_head_kd,'
         'g3+w2@demo_feature_head_kd,g2+w3@demo_feature_head_kd,g2+w3s@demo_feature_head_kd,'
         'g3', temperatures=(0.0, 1.0), precise=32),
+    'tree_budget': Experiment(
+        'Trees against chains as the verified positions grow: 8, 16 and 32',
+        'g<gamma>: the chain (gamma + 1 positions); +w<W>+n<M>: the draft\'s dynamic tree '
+        '(gamma levels of W, the M nodes of largest path probability verified: M + 1 '
+        'positions after gamma draft calls); +c<n>: with a copy branch of n tokens grafted '
+        'onto it (a mixed tree of M + n + 1 positions); @demo_feature_head_kd: the feature '
+        'head drafts; @copy, @bigram: single-kind chains of prompt lookup and the n-gram '
+        'table. Every tree makes at most as many draft calls as the chain of its positions.',
+        'g7,g7+w4+n7,g7+w4+n5+c2,g15,g7+w4+n15,g7+w4+n11+c4,g15@copy,g15@bigram,'
+        'g15@demo_feature_head_kd,g7+w4+n15@demo_feature_head_kd,'
+        'g7+w4+n11+c4@demo_feature_head_kd,g31,g10+w6+n31,g10+w6+n27+c4', rows=64),
     'copy_draft': Experiment(
         'Copy (prompt-lookup) drafts against learned and n-gram drafts',
         'The same gamma with each draft; copy:<d> copies from the input and falls back '

@@ -313,6 +313,35 @@ def _cost_curve(d):
           f"{where} up")
 
 
+def _tree_budget(d):
+  """Greedy tokens per target call per task: at each number of verified positions, the
+  best tree over the draft's chain of as many; and the mixed tree (a dynamic tree with a
+  copy branch) that gains most over the best single-kind chain of its positions."""
+  parts = []
+  for task in dict.fromkeys(r['task'] for r in d['results']):
+    rows = [r for r in d['results'] if r['task'] == task and r['decode'] != 'AR'
+            and not r.get('temperature')]
+    tpc = lambda r: r['mean_tokens_per_target_call']
+    by_k = lambda want: {k: [r for r in rows if r['verified_positions'] == k and want(r)]
+                         for k in sorted({r['verified_positions'] for r in rows})}
+    chains = {k: v[0] for k, v in by_k(lambda r: r['decode'] == f"g{r['verified_positions'] - 1}"
+                                       ).items() if v}
+    best = [(max(v, key=tpc), chains[k]) for k, v in by_k(lambda r: '+' in r['decode']).items()
+            if v and k in chains]
+    text = ', '.join(f"{k['verified_positions']}: {t['decode']} {tpc(t):.2f} vs {k['decode']} "
+                     f"{tpc(k):.2f} ({tpc(t) / tpc(k):.2f}x)" for t, k in best)
+    singles = by_k(lambda r: '+' not in r['decode'])
+    mixed = [(tpc(r) / max(map(tpc, singles[r['verified_positions']])), r) for r in rows
+             if '+w' in r['decode'] and '+c' in r['decode'] and singles[r['verified_positions']]]
+    if mixed:
+      ratio, r = max(mixed, key=lambda x: x[0])
+      text += (f"; mixed {r['decode']} {tpc(r):.2f} over the best single-kind chain of "
+               f"{r['verified_positions']} positions: {ratio:.2f}x")
+    parts.append(f'{task}: {text}')
+  return ('greedy tokens per target call, the best tree over the chain of as many verified '
+          'positions: ' + '; '.join(parts))
+
+
 HEADLINES: Dict[str, Callable[[Dict[str, Any]], str]] = {
     'demo_speedup_runs': _demo_runs, 'demo_draft_m_runs': _demo_runs,
     'demo_bf16_runs': _demo_runs,
@@ -325,6 +354,7 @@ HEADLINES: Dict[str, Callable[[Dict[str, Any]], str]] = {
     'adaptive_gamma': _best_of('speedup_vs_ar'), 'copy_draft': _best_of('speedup_vs_ar'), 'tree': _tree,
     'tree_bound': _tree_bound, 'dynamic_tree': _dynamic_tree, 'sampled_tree': _sampled_tree,
     'head_tree': _head_tree, 'head_dynamic_tree': _head_dynamic_tree,
+    'tree_budget': _tree_budget,
     'batch_throughput': _batch, 'lenience': _best_of('speedup_vs_ar'),
     'loop_efficiency': _loop_efficiency, 'loop_efficiency_batch8': _loop_efficiency,
     'loop_efficiency_t5_1_1_small': _loop_efficiency,

@@ -107,6 +107,9 @@ STEPS = (
          quick=('--experiment=head_dynamic_tree', '--tasks=ende', '--rows=1', '--max_len=8',
                 '--temperatures=0', '--decodes=g2@demo_feature_head_kd,'
                 'g2+w2+n2@demo_feature_head_kd', '--repeats=1', '--precise=0')),
+    Step('tree_budget', 'compare_decodes.py', ('--experiment=tree_budget',),
+         quick=('--experiment=tree_budget', '--tasks=summarize', '--rows=1', '--max_len=8',
+                '--decodes=g3,g2+w2+n1+c2,g2+w2+n3@demo_feature_head_kd')),
     Step('tree_bound', 'tree_bound.py', (), timed=False,
          quick=('--num_examples', '2', '--tasks', 'ende', '--drafts', 'demo_draft_s',
                 '--max_nodes', '3')),

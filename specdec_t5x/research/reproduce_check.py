@@ -58,6 +58,8 @@ CHECKS: Dict[str, Check] = {
     'tree': Check(exact=_DECODE_COUNTS + ('results/*/accepted_by_source/*',),
                   timing=('results/*/speedup_vs_ar',)),
     'dynamic_tree': Check(exact=_DECODE_COUNTS, timing=('results/*/speedup_vs_ar',)),
+    'tree_budget': Check(exact=_DECODE_COUNTS + ('results/*/accepted_by_source/*',),
+                         timing=('results/*/speedup_vs_ar',)),
     'sampled_tree': Check(exact=_DECODE_COUNTS + ('results/*/tpc_precise',),
                           timing=('results/*/speedup_vs_ar',)),
     'head_tree': Check(exact=_DECODE_COUNTS + ('results/*/accepted_by_source/*',
