@@ -57,13 +57,15 @@ _CHILD = textwrap.dedent('''
         rows = x.sharding.shard_shape(x.shape)[0]
         cache = rows * (8 // parts) * 16 * (32 + 2)
         # the chain, a draft tree (chain + copy branch + a sibling: tree_decoding.py), the
-        # draft's dynamic tree (its tree calls: dynamic_tree.py), and the feature head's
+        # draft's dynamic tree (its tree calls: dynamic_tree.py), with a copy branch grafted
+        # onto it (a mixed tree), and the feature head's
         # chain, tree and dynamic tree (the target's features gathered along the accepted
         # path; the head's tree calls)
         tree = DecodeConfig(gamma=3, copy_branch=2, draft_siblings=1)
         for name, drafted, config in (
             ('ar', None, DecodeConfig(gamma=3)), ('spec', draft, DecodeConfig(gamma=3)),
             ('tree', draft, tree), ('dynamic', draft, DecodeConfig(gamma=3, draft_tree_width=2)),
+            ('mixed', draft, DecodeConfig(gamma=3, draft_tree_width=2, copy_branch=2)),
             ('head', head, DecodeConfig(gamma=3)), ('head_tree', head, tree),
             ('head_dynamic', head, DecodeConfig(gamma=3, draft_tree_width=2))):
           fn = api._compiled(target[0], drafted and drafted[0], max_len=32, config=config)
@@ -79,7 +81,7 @@ _CHILD = textwrap.dedent('''
 @pytest.mark.slow  # a subprocess on 8 host devices
 def test_no_whole_buffer_copies_in_the_decode_loops_on_8_devices():
   out = run_child(_CHILD, host_devices=8, timeout=900, SPECDEC_CPU_KERNELS='0')
-  assert len(out) == 28
+  assert len(out) == 32
   for key, found in out.items():
     assert found['whole_buffer'] == [], (key, found)
 
