@@ -104,9 +104,9 @@ EXPERIMENTS: Dict[str, Experiment] = {
         'onto it (a mixed tree of M + n + 1 positions); @demo_feature_head_kd: the feature '
         'head drafts; @copy, @bigram: single-kind chains of prompt lookup and the n-gram '
         'table. Every tree makes at most as many draft calls as the chain of its positions.',
-        'g7,g7+w4+n7,g7+w4+n5+c2,g15,g7+w4+n15,g10+w4+n15,g7+w4+n11+c4,g15@copy,g15@bigram,'
-        'g15@demo_feature_head_kd,g7+w4+n15@demo_feature_head_kd,'
-        'g7+w4+n11+c4@demo_feature_head_kd,g31,g10+w6+n31,g10+w6+n27+c4', rows=64),
+        'g7,g7+w4+n7,g7+w4+n5+c2,g15,g7+w4+n15,g7+w4+n11+c4,g15@copy,g15@bigram,'
+        'g15@demo_feature_head_kd,g7+w4+n11+c4@demo_feature_head_kd,g31,g10+w6+n31,'
+        'g10+w6+n27+c4', rows=64),  # a cell's programs stay within the JIT's mappings
     'copy_draft': Experiment(
         'Copy (prompt-lookup) drafts against learned and n-gram drafts',
         'The same gamma with each draft; copy:<d> copies from the input and falls back '
