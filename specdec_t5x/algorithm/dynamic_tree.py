@@ -35,11 +35,17 @@ top-k, top-p) after the node of level d of largest draft path probability (`draw
 node grows depends on level d's tokens, never on its children's), and the walk tests each
 draw against its own law (tree_accept's without_replacement), so a rejected draw passes
 its mass on as a chain's rejection does; every grown node is verified. A draw after q's
-mass ran out is void. A level past the row's room is void. The step ends as
-tree_decoding's (`commit`): the path and the correction or bonus token are emitted, and
-`tree.compact` moves the path's keys and values into place in the target's cache. The
-draft's tree calls write beyond the committed prefix only; its next first call rewrites
-the positions the accepted path took.
+mass ran out is void. A level past the row's room is void.
+With config.copy_branch = c the copy branch (tree_decoding.copy_continuation) joins the
+grown tree: a MIXED tree (tree_decoding.graft_copy). A guess the tree already holds is the
+tree's node (merged), and the guesses from the first one it lacks on hang below it as new
+nodes (the branch's c nodes come after every grown node, void where merged), fixed guesses
+whatever the levels are, so the rules above stay exact; the draft then re-reads
+max(gamma, c) + 1 tokens, as the accepted path may be the copy branch's.
+The step ends as tree_decoding's (`commit`): the path and the correction or bonus token are
+emitted, and `tree.compact` moves the path's keys and values into place in the target's
+cache. The draft's tree calls write beyond the committed prefix only; its next first call
+rewrites the positions the accepted path took.
 """
 
 from __future__ import annotations
@@ -136,8 +142,9 @@ def rerank(scores, tokens, parents, keep: int):
 
 
 def dynamic_tree_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, draft_cache,
-                        rng, encoder_tokens=None, *, batch: int, max_len: int, config: DecodeConfig, eos_id: int,
-                        prompt=None, settings: Optional[sampling.Sampling] = None,
+                        rng, encoder_tokens=None, *, batch: int, max_len: int,
+                        config: DecodeConfig, eos_id: int, prompt=None,
+                        settings: Optional[sampling.Sampling] = None,
                         feature_dim: Optional[int] = None,
                         draft_vocab: Optional[DraftVocabulary] = None
                         ) -> Tuple[jax.Array, DecodeStats]:
