@@ -321,6 +321,9 @@ def run(tiny: bool = False, num_partitions: Sequence[int] = (1, 8),
   target_ks = sorted({1, *chain_ks, *(g + 1 for g in gammas)})
   calls = {paper.TARGET: (target_ks, tree_ks),  # (step sizes, tree sizes) per model
            compiled_trees.DRAFT: (sorted({1, *draft_ks}), draft_tree_ks)}
+  # the programs' cache: the paper's longest, or longer for a call of more tokens (--tiny's
+  # 8 target tokens are fewer than a large tree's nodes)
+  cache_len = max(max(cache_lens), *target_ks, *tree_ks, *draft_ks, *draft_tree_ks)
   cfgs = configs(tiny)
   models: Dict[int, Dict[str, Any]] = {}
   for n in num_partitions:
@@ -328,9 +331,9 @@ def run(tiny: bool = False, num_partitions: Sequence[int] = (1, 8),
     models[n] = {}
     for size, cfg in cfgs.items():
       ks, trees_ks = calls.get(size, ([1], ()))
-      models[n][size] = compile_model(cfg, mesh, ks, enc_len, max(cache_lens), cache_lens,
+      models[n][size] = compile_model(cfg, mesh, ks, enc_len, cache_len, cache_lens,
                                       BATCHES, trees_ks)
-  out = {'lengths': {'input': enc_len, 'target': target_len, 'cache': max(cache_lens)},
+  out = {'lengths': {'input': enc_len, 'target': target_len, 'cache': cache_len},
          'chips': [dataclasses.asdict(c) for c in CHIPS],
          'configs': {size: str(cfg) for size, cfg in cfgs.items()},
          'models': {str(n): m for n, m in models.items()}}
