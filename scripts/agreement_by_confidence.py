@@ -6,14 +6,15 @@ r"""Greedy agreement of each draft with the demo target, by the target's top-1 p
 For each demo task, the target decodes the first --num_examples test inputs greedily; every
 output position is put in a bucket by the target's top-1 probability there, and each draft's
 teacher-forced argmax (the first draft of a step: given the true prefix; a feature head
-reads the target's features) is compared with the target's token (research/confidence.py).
+reads the target's features) is compared with the target's token (research/measure/confidence.py).
 Deterministic counts, no timing. Writes results/agreement_by_confidence.{json,md}.
 """
 
 from __future__ import annotations
 
 from specdec_t5x.algorithm import batching
-from specdec_t5x.research import confidence, evaluation, harness
+from specdec_t5x.research.measure import confidence, evaluation
+from specdec_t5x.research.results import harness
 
 TARGET = 'demo_target'
 

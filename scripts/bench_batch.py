@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 
-from specdec_t5x.research import demo_data, evaluation, harness, speed
+from specdec_t5x.research.measure import demo_data, evaluation, speed
+from specdec_t5x.research.results import harness
 
 COST_MODEL = (
     'A speculative step costs gamma draft calls plus one target call over gamma + 1 '

@@ -31,7 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_t5x.algorithm import cpu_kernels, network, timing
-from specdec_t5x.research import demo_data, evaluation, harness, speed
+from specdec_t5x.research.measure import demo_data, evaluation, speed
+from specdec_t5x.research.results import harness
 
 # The table's names of DecodeConfig.cpu_kernels's modes ('packed': bfloat16 panels).
 MODES = {'xla': 'xla', 'packed f32': 'packed_f32', 'packed': 'packed'}

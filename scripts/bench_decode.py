@@ -32,7 +32,8 @@ import numpy as np
 
 from specdec_t5x.algorithm import api, cpu_kernels, timing
 from specdec_t5x.algorithm.network import Transformer, t5_1_1_config
-from specdec_t5x.research import harness, reference, speed, t5x_reference
+from specdec_t5x.research.results import harness
+from specdec_t5x.research.measure import reference, speed, t5x_reference
 
 BASELINES = {'t5x': 'stock T5X predict_batch (temperature_sample, T5X network)',
              'reference_t5x_style': 'T5X-style loop (reference.py)'}

@@ -30,7 +30,8 @@ import transformers
 from specdec_t5x.algorithm import batching
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.integration.hf_convert import hf_model_from_params
-from specdec_t5x.research import evaluation, harness, peers, speed
+from specdec_t5x.research.measure import evaluation, peers, speed
+from specdec_t5x.research.results import harness
 
 
 def to_hf(config, params) -> transformers.T5ForConditionalGeneration:

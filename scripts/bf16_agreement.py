@@ -42,7 +42,8 @@ import numpy as np
 
 from specdec_t5x.algorithm import api, batching, network
 from specdec_t5x.integration import model_dir
-from specdec_t5x.research import evaluation, harness, t5x_reference
+from specdec_t5x.research.measure import evaluation, t5x_reference
+from specdec_t5x.research.results import harness
 
 TARGET = 'demo_target/checkpoint_2239'
 DRAFT = 'demo_draft_m/checkpoint_5682'

@@ -16,7 +16,7 @@ import argparse
 import json
 import pathlib
 
-from specdec_t5x.research import corpus_build  # pylint: disable=g-import-not-at-top
+from specdec_t5x.research.data import corpus_build  # pylint: disable=g-import-not-at-top
 
 
 def main() -> None:

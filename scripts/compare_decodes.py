@@ -6,7 +6,7 @@
   python scripts/compare_decodes.py --list
 
 demo_target with demo_draft_m unless a decode names another draft. Each experiment
-(specdec_t5x/research/experiments.py: tree, copy_draft, adaptive_gamma, lenience,
+(specdec_t5x/research/measure/experiments.py: tree, copy_draft, adaptive_gamma, lenience,
 block_verification) is a preset of these flags; a flag given overrides the preset. For
 each task and temperature, the task's first --rows test rows are decoded with AR and with
 each decode, --batch rows per call (0: all in one batch), timed interleaved after
@@ -25,7 +25,8 @@ import sys
 import jax
 from tqdm import tqdm
 
-from specdec_t5x.research import demo_data, evaluation, experiments, harness
+from specdec_t5x.research.measure import demo_data, evaluation, experiments
+from specdec_t5x.research.results import harness
 
 
 def parse_args(argv):

@@ -10,7 +10,7 @@ parallelism on 8 fake host devices (this script adds
 results/compiled_table2.{json,md} (--tiny: /tmp/compiled_report_tiny.*): XLA's cost and
 memory analyses per program, roofline call times for TPU v4 and H200, c and
 t_verify / t_step for each paper pair, the 12 rows' predicted speedups beside the paper's
-and per-device memory at batch 1 and 32 (specdec_t5x/research/compiled_costs.py). The
+and per-device memory at batch 1 and 32 (specdec_t5x/research/predict/compiled_costs.py). The
 full run compiles 22 programs (a few minutes on 2 CPU cores).
 """
 
@@ -23,8 +23,9 @@ for _flag in ('--xla_force_host_platform_device_count=8', '--xla_backend_optimiz
   if _flag.split('=')[0] not in os.environ.get('XLA_FLAGS', ''):
     os.environ['XLA_FLAGS'] = f"{os.environ.get('XLA_FLAGS', '')} {_flag}".strip()
 
-from specdec_t5x.research import (compiled_costs, compiled_tables, compiled_trees,  # noqa: E402
-                                  harness)
+from specdec_t5x.research.predict import (compiled_costs, compiled_tables,  # noqa: E402
+                                          compiled_trees)
+from specdec_t5x.research.results import harness
 
 
 def main(argv=None):
@@ -33,7 +34,7 @@ def main(argv=None):
   ap.add_argument('--tiny', action='store_true', help='tiny shapes: a CPU smoke run')
   ap.add_argument('--trees', default=compiled_trees.SOURCES,
                   help='tree results files (comma-separated) whose decodes are predicted at '
-                       'the paper\'s sizes (research/compiled_trees.py; empty: none)')
+                       'the paper\'s sizes (research/predict/compiled_trees.py; empty: none)')
   args = ap.parse_args(argv)
   out = args.out or ('/tmp/compiled_report_tiny' if args.tiny else
                      harness.results_path(__file__, 'compiled_table2'))

@@ -10,7 +10,7 @@ one encoder layer: only decoder calls are timed, and the encoder's depth does no
 them) and each form (parameter dtype : DecodeConfig.cpu_kernels mode), the seconds of one
 cached decoder call of k = 1..8 positions at batch 1 (timing.call_costs: chained calls,
 interleaved rounds, the median), with the decoder's weight bytes against this machine's
-caches. Then research/ceiling.py on those costs (decode only, i.i.d. acceptance): the
+caches. Then research/predict/ceiling.py on those costs (decode only, i.i.d. acceptance): the
 acceptance that 1.0x, 1.5x and 2x need with a draft that costs nothing and with T5 v1.1
 small as the draft (its one-token call in the same form), and the speedup the paper's
 T5-small draft would give at the paper's EN->DE greedy acceptance (Table 2: 0.75) --
@@ -33,7 +33,9 @@ import numpy as np
 
 from specdec_t5x.algorithm import cpu_kernels, network, timing
 from specdec_t5x.integration import random_init, run_dir
-from specdec_t5x.research import ceiling, evaluation, harness, paper
+from specdec_t5x.research.predict import ceiling, paper
+from specdec_t5x.research.measure import evaluation
+from specdec_t5x.research.results import harness
 
 SPEEDUPS = (1.0, 1.5, 2.0)
 CACHE_LEN = 64 + 9  # a decode of 64 tokens at gamma up to 8

@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 
-from specdec_t5x.research import harness
+from specdec_t5x.research.results import harness
 
 PREFIXES = ('demo_ende:', 'alpha ', 'walltime speedup')
 COMMAND = [sys.executable, '-m', 'specdec_t5x.infer']

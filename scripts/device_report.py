@@ -62,8 +62,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_t5x.algorithm import api, batching, network, sampling, theory, timing
-from specdec_t5x.research import (demo_data, device_tables, evaluation, harness, paper, speed,
-                                  t5x_reference)
+from specdec_t5x.research.measure import demo_data, evaluation, speed, t5x_reference
+from specdec_t5x.research.predict import device_tables, paper
+from specdec_t5x.research.results import harness
 
 PARTS = ('costs', 'table2', 'efficiency', 'demo')
 # --tiny: every size name at a CPU-sized shape (emb, heads, layers, mlp), same code path.

@@ -27,7 +27,8 @@ import numpy as np
 
 from specdec_t5x.algorithm import network
 from specdec_t5x.integration import model_dir, run_dir
-from specdec_t5x.research import distill, harness
+from specdec_t5x.research.train import distill
+from specdec_t5x.research.results import harness
 
 
 def _max_rows(text: str) -> dict:

@@ -11,7 +11,8 @@ rows of results/alpha_demo.json (scripts/measure_alpha.py) beside the scores.
 from tqdm import tqdm
 
 from specdec_t5x.algorithm import sampling
-from specdec_t5x.research import demo_data, evaluation, harness
+from specdec_t5x.research.measure import demo_data, evaluation
+from specdec_t5x.research.results import harness
 
 MODELS = ('demo_target', 'demo_draft_m', 'demo_draft_s')
 PARAMS = {'demo_target': '15.8M', 'demo_draft_m': '2.2M', 'demo_draft_s': '0.67M'}

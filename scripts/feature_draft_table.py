@@ -30,7 +30,8 @@ import numpy as np
 from tqdm import tqdm
 
 from specdec_t5x.algorithm import api, batching, sampling, timing
-from specdec_t5x.research import evaluation, harness, speed
+from specdec_t5x.research.measure import evaluation, speed
+from specdec_t5x.research.results import harness
 
 # HEAD: --head's default, the draft of configs/demo.gin
 HEAD, DRAFT, TARGET = 'demo_feature_head_kd', 'demo_draft_m', 'demo_target'

@@ -16,10 +16,10 @@ T5 v1.1 target of that size and a 2+2-layer, 256-wide T5 v1.1 draft, random weig
 random inputs (acceptance then means nothing; the efficiency does). Per row: tokens per
 target call, the measured speedup, the end-to-end ideal from the calls made and the call
 costs timed alone, efficiency = measured / ideal; per loop iteration the ladder of
-research/loop_ladder.py (calls alone, chained, both models interleaved, the real loop: the
+research/measure/loop_ladder.py (calls alone, chained, both models interleaved, the real loop: the
 losses to chaining, to two models and to the loop's own work); inside the loop, from XLA's
 profiler, the target's calls, the draft's calls and the loop's own work per iteration
-(research/loop_profile.py); and the copies/transposes left in the compiled while body.
+(research/measure/loop_profile.py); and the copies/transposes left in the compiled while body.
 Writes {--out}.json and {--out}.md.
 Run on an idle machine: it times.
 """
@@ -35,7 +35,8 @@ import numpy as np
 from tqdm import tqdm
 
 from specdec_t5x.algorithm import batching, cpu_kernels, network, timing
-from specdec_t5x.research import evaluation, harness, loop_efficiency
+from specdec_t5x.research.measure import evaluation, loop_efficiency
+from specdec_t5x.research.results import harness
 
 
 def _tiny():
@@ -91,7 +92,7 @@ def render(report: harness.Report) -> List[str]:
       'target call). The excess of each rung over the one before: chaining, two models, and '
       'the loop\'s own work (2-token draft re-feed, acceptance, sampling, statistics). '
       'copies: copies/transposes in the compiled while body (cache-sized ones in brackets). '
-      'research/loop_ladder.py.')
+      'research/measure/loop_ladder.py.')
   lines += [f'Target: {report["target"]}; drafts: {", ".join(report["drafts"])}.', '']
   for matmul, res in report['matmuls'].items():
     lines += [f'## {matmul}', '']

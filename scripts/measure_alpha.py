@@ -21,7 +21,8 @@ import numpy as np
 from tqdm import tqdm
 
 from specdec_t5x.algorithm import batching, sampling
-from specdec_t5x.research import evaluation, harness, speed
+from specdec_t5x.research.measure import evaluation, speed
+from specdec_t5x.research.results import harness
 
 
 def measure(args) -> dict:

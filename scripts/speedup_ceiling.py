@@ -15,7 +15,7 @@ Run from the repository root on an idle machine. One process, three parts:
    k = 2..--max_gamma + 1 positions, each draft's one-token call and the first call of its
    steps (the head: gamma + 1 positions of the target's features; the small T5: the
    2-token catch-up).
-3. research/ceiling.py from those step costs: the acceptance that 1.0x, 1.3x and 1.5x
+3. research/predict/ceiling.py from those step costs: the acceptance that 1.0x, 1.3x and 1.5x
    need, end to end (prefill included, at the inputs' mean output length) and decode only,
    with each draft's real loop, with its calls alone (no loop work, each call timed in a
    loop of its own) and with a draft that costs nothing (verify calls alone: the bound for
@@ -32,7 +32,9 @@ import numpy as np
 
 from specdec_t5x.algorithm import batching, theory, timing
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.research import ceiling, evaluation, harness, loop_ladder, speed
+from specdec_t5x.research.predict import ceiling
+from specdec_t5x.research.measure import evaluation, loop_ladder, speed
+from specdec_t5x.research.results import harness
 
 HEAD, DRAFT, TARGET = 'demo_feature_head_kd', 'demo_draft_m', 'demo_target'
 SPEEDUPS = (1.0, 1.3, 1.5)
@@ -149,8 +151,8 @@ def render(report):
       f'{t_ar * 1e3:.3f} ms, a sequence\'s prefill {d["prefill_target_s"] * 1e3:.2f} ms '
       f'({d["prefill_target_s"] / t_ar:.1f} steps) for the target, '
       + ', '.join(f'{v * 1e3:.2f} ms for {k}' for k, v in d['prefill_draft_s'].items())
-      + '. research/ceiling.py: speedup at i.i.d. acceptance alpha from the step costs, end '
-      'to end (prefill included, at that mean length) or decode only; the paper\'s analysis '
+      + '. research/predict/ceiling.py: speedup at i.i.d. acceptance alpha from the step costs, '
+      'end to end (prefill included, at that mean length) or decode only; the paper\'s analysis '
       'takes a verify call as one step and leaves out the prefill.')
   raw = d['call_costs_s']
   md += ['## The real loops', '',

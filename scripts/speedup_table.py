@@ -26,7 +26,8 @@ from typing import List
 from tqdm import tqdm
 
 from specdec_t5x.integration import infer
-from specdec_t5x.research import demo_data, evaluation, harness, speed
+from specdec_t5x.research.measure import demo_data, evaluation, speed
+from specdec_t5x.research.results import harness
 
 
 def run_demo(args, gammas):

@@ -27,7 +27,8 @@ import json
 import os
 
 from specdec_t5x.integration import model_dir
-from specdec_t5x.research import harness, train_config, training
+from specdec_t5x.research.results import harness
+from specdec_t5x.research.train import config as train_config, loop as training
 
 
 def _value(text: str):

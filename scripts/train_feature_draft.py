@@ -33,7 +33,7 @@ r"""Trains a feature-reading draft head (EAGLE-style) for a frozen target, and e
       --export checkpoints/demo/demo_feature_head_fused --vocab data/vocab/demo_spm.model
 
 trains on the corpus's sentences teacher forced through the target, against the target's
-own distribution at every position (research/feature_train.py: soft cross-entropy over
+own distribution at every position (research/train/feature_head.py: soft cross-entropy over
 `--passes` self-fed passes, plus the feature regression), printing a tqdm bar. With
 --data pointing at scripts/distill_data.py's output the contexts are the target's own
 greedy outputs instead (as for the distilled drafts); the soft labels are the target's
@@ -55,8 +55,9 @@ import json
 
 from specdec_t5x.algorithm import feature_draft
 from specdec_t5x.integration import model_dir
-from specdec_t5x.research import feature_train, harness
-from specdec_t5x.research.train_config import TrainConfig
+from specdec_t5x.research.train import feature_head as feature_train
+from specdec_t5x.research.results import harness
+from specdec_t5x.research.train.config import TrainConfig
 
 
 def _layers(text: str) -> tuple:

@@ -5,7 +5,7 @@
 
 For each task: the demo target's greedy outputs for the first --num_examples test inputs,
 each draft teacher-forced on them, the rank of every target token among the draft's
-choices (specdec_t5x/research/tree_bound.py), and from those ranks, at n = 1..--max_nodes
+choices (specdec_t5x/research/measure/tree_bound.py), and from those ranks, at n = 1..--max_nodes
 draft nodes (n + 1 verified positions), the tokens per target call that greedy decoding
 verifying each tree would get (replayed step by step: exact, no decoding) for the chain of
 gamma = n, the best chain with leaf siblings (what draft_siblings verifies), the best tree
@@ -28,7 +28,8 @@ import numpy as np
 from tqdm import tqdm
 
 from specdec_t5x.algorithm import batching, sampling
-from specdec_t5x.research import evaluation, experiments, harness, tree_bound
+from specdec_t5x.research.measure import evaluation, experiments, tree_bound
+from specdec_t5x.research.results import harness
 
 MEASURED = harness.results_path(__file__, 'tree') + '.json'  # its greedy decodes, replayed
 

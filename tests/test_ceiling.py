@@ -1,10 +1,10 @@
-"""research/ceiling.py: speedups from step costs, and the acceptance a speedup needs."""
+"""research/predict/ceiling.py: speedups from step costs, and the acceptance a speedup needs."""
 
 import numpy as np
 import pytest
 
 from specdec_t5x.algorithm import theory
-from specdec_t5x.research import ceiling
+from specdec_t5x.research.predict import ceiling
 
 
 def paper_costs(c, gammas=range(1, 9), t=2e-3):

@@ -1,4 +1,4 @@
-"""The compiled decode loops copy no cache or weight per step (research/hlo_loops.py).
+"""The compiled decode loops copy no cache or weight per step (research/measure/hlo_loops.py).
 
 XLA's dot path (as accelerators get it) on 8 fake CPU devices, with T5X's partitioning
 (num_partitions 8: one head per device; 1: data parallel), batch 1 and 8, autoregressive,
@@ -16,7 +16,7 @@ from conftest import run_child
 
 from specdec_t5x.algorithm import api, layers, network
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.research import hlo_loops
+from specdec_t5x.research.measure import hlo_loops
 
 pytestmark = pytest.mark.slow  # audits for speed: not an exactness guard
 
@@ -30,7 +30,7 @@ _CHILD = textwrap.dedent('''
     from specdec_t5x.algorithm import api, feature_draft, network
     from specdec_t5x.algorithm.config import DecodeConfig
     from specdec_t5x.integration import partitioning
-    from specdec_t5x.research import hlo_loops
+    from specdec_t5x.research.measure import hlo_loops
     assert jax.device_count() == 8, jax.devices()
 
     def model(emb, seed):

@@ -17,7 +17,8 @@ import sys
 import numpy as np
 import pytest
 
-from specdec_t5x.research import compiled_costs, compiled_tables, device_tables, headlines, paper
+from specdec_t5x.research.predict import compiled_costs, compiled_tables, device_tables, paper
+from specdec_t5x.research.results import headlines
 
 pytestmark = pytest.mark.slow  # the compiled-cost report, run end to end
 

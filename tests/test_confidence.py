@@ -1,4 +1,4 @@
-"""Agreement by the target's confidence (research/confidence.py): the buckets partition the
+"""Agreement by the target's confidence (research/measure/confidence.py): the buckets partition the
 target's greedy output positions, the counts match a direct computation, the target as its
 own draft agrees wherever teacher forcing reproduces its decode, and a head with a reduced
 draft vocabulary is read through its ids."""
@@ -10,7 +10,8 @@ from conftest import make_model, random_inputs, tiny_config
 from test_feature_draft import make_head
 from specdec_t5x import generate
 from specdec_t5x.algorithm import feature_draft
-from specdec_t5x.research import confidence, feature_train
+from specdec_t5x.research.measure import confidence
+from specdec_t5x.research.train import feature_head as feature_train
 
 pytestmark = pytest.mark.slow  # a results table's tooling, with trained-like heads
 

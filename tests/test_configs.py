@@ -1,5 +1,5 @@
 """The gin files under configs/: every paper-row config parses and matches the paper's
-Table 2 (specdec_t5x/research/paper.py, which also renders the row files).
+Table 2 (specdec_t5x/research/predict/paper.py, which also renders the row files).
 
 Parsing uses the real runner's gin set-up (specdec_t5x.infer.parse_gin); nothing is run.
 """
@@ -13,7 +13,7 @@ import pytest
 
 from specdec_t5x.integration import infer
 from specdec_t5x.algorithm import network
-from specdec_t5x.research import paper
+from specdec_t5x.research.predict import paper
 from specdec_t5x.integration import tasks
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / 'configs'
@@ -83,8 +83,9 @@ def test_paper_row_file_is_its_rendered_row(row):
   row's macros over the task's shared base (paper.write_configs rewrites them)."""
   text = (CONFIGS / row.config).read_text()
   assert text == paper.config_text(row), (
-      f'{row.config} differs from specdec_t5x/research/paper.py; regenerate with: python -c '
-      '"from specdec_t5x.research import paper; paper.write_configs(\'configs\')"')
+      f'{row.config} differs from specdec_t5x/research/predict/paper.py; '
+      'regenerate with: python -c '
+      '"from specdec_t5x.research.predict import paper; paper.write_configs(\'configs\')"')
   body = text.split('from __gin__')[1]
   assert set(re.findall(r'^(\w+) = ', body, re.M)) == ROW_MACROS
   assert re.findall(r"^include '([^']+)'", body, re.M) == [

@@ -15,7 +15,7 @@ import struct
 import numpy as np
 import pytest
 
-from specdec_t5x.research import corpus, corpus_build
+from specdec_t5x.research.data import corpus, corpus_build
 
 DATA = pathlib.Path(__file__).parent / 'data' / 'corpus'
 

@@ -1,12 +1,12 @@
 """The CPU's description that results files record (algorithm/cpu_info.py,
-research/harness.environment) and the results index shows (research/reproduce.py)."""
+research/harness.environment) and the results index shows (research/results/reproduce.py)."""
 
 import json
 import os
 import pathlib
 
 from specdec_t5x.algorithm import cpu_info, cpu_kernels
-from specdec_t5x.research import harness, reproduce
+from specdec_t5x.research.results import harness, reproduce
 
 RESULTS = pathlib.Path(__file__).resolve().parents[1] / 'results'
 

@@ -123,7 +123,8 @@ def test_the_library_computes_no_path_from_its_own_location():
 
 
 def test_task_prefixes_are_defined_once():
-  from specdec_t5x.research import corpus, evaluation  # pylint: disable=g-import-not-at-top
+  from specdec_t5x.research.data import corpus  # pylint: disable=g-import-not-at-top
+  from specdec_t5x.research.measure import evaluation
   assert tasks.PREFIXES == {'ende': tasks.TRANSLATE_PREFIX, 'summarize': tasks.SUMMARIZE_PREFIX}
   assert corpus.TASK_PREFIXES is tasks.PREFIXES and evaluation.PREFIXES is tasks.PREFIXES
   defined = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob('*.py')

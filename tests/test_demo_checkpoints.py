@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from specdec_t5x.research import evaluation
+from specdec_t5x.research.measure import evaluation
 
 pytestmark = pytest.mark.slow  # decodes with the committed demo checkpoints
 

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import load_script
 from specdec_t5x.algorithm import theory
-from specdec_t5x.research import t5x_reference
+from specdec_t5x.research.measure import t5x_reference
 
 pytestmark = pytest.mark.slow  # a results table's tooling, not the decode path
 

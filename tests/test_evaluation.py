@@ -11,7 +11,7 @@ import pytest
 
 from conftest import load_script, make_model, random_inputs, tiny_config
 from specdec_t5x.algorithm import sampling, theory, timing
-from specdec_t5x.research import evaluation, speed
+from specdec_t5x.research.measure import evaluation, speed
 from test_infer import _flags, env  # pylint: disable=unused-import  (tiny ckpts, mock WMT)
 
 pytestmark = pytest.mark.slow  # the results' scripts and tables, run end to end

@@ -9,7 +9,8 @@ import pytest
 from conftest import load_script, random_inputs
 from specdec_t5x.algorithm import api
 from specdec_t5x.algorithm.config import DecodeConfig, GammaPolicy
-from specdec_t5x.research import experiments, harness, speed
+from specdec_t5x.research.measure import experiments, speed
+from specdec_t5x.research.results import harness
 
 pytestmark = pytest.mark.slow  # a results table's tooling, not the decode path
 

@@ -20,7 +20,7 @@ import test_distribution as td
 from specdec_t5x import generate
 from test_decoding import _eos_mid_batch
 from specdec_t5x.algorithm import api, decoding, drafting, feature_draft, sampling
-from specdec_t5x.research import feature_train
+from specdec_t5x.research.train import feature_head as feature_train
 
 
 def make_head(target_params, vocab, emb=32, seed=3, layers=1, draft_vocab=(),

@@ -11,7 +11,7 @@ import pytest
 from specdec_t5x import generate
 from specdec_t5x.algorithm import batching, feature_draft
 from specdec_t5x.integration import demo, infer, vocab_check
-from specdec_t5x.research import evaluation
+from specdec_t5x.research.measure import evaluation
 from test_feature_draft import replay_accepted, teacher_forced
 
 pytestmark = pytest.mark.slow  # the demo's models

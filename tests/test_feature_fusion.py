@@ -16,7 +16,7 @@ from test_decoding import _eos_mid_batch
 from test_feature_draft import make_head, replay_accepted
 from specdec_t5x import generate
 from specdec_t5x.algorithm import api, feature_draft
-from specdec_t5x.research import feature_train
+from specdec_t5x.research.train import feature_head as feature_train
 
 
 @pytest.fixture(scope='module')

@@ -16,8 +16,9 @@ from specdec_t5x import generate
 from specdec_t5x.algorithm import feature_draft
 from specdec_t5x.algorithm.network import Transformer
 from specdec_t5x.integration import checkpoints, model_dir
-from specdec_t5x.research import evaluation, feature_train
-from specdec_t5x.research.train_data import load_split, validation_batches
+from specdec_t5x.research.measure import evaluation
+from specdec_t5x.research.train import feature_head as feature_train
+from specdec_t5x.research.train.data import load_split, validation_batches
 
 pytestmark = pytest.mark.slow  # training runs
 

@@ -1,5 +1,5 @@
-"""research/harness.py and research/demo_data.py: the pieces every result script is built
-from, checked on stand-ins whose answers are known (no timing figures are asserted)."""
+"""research/results/harness.py and research/measure/demo_data.py: the pieces every result
+script is built from, checked on stand-ins whose answers are known (no timing figures are asserted)."""
 
 import argparse
 import json
@@ -12,7 +12,8 @@ import pytest
 
 from conftest import make_model, random_inputs, tiny_config
 from specdec_t5x.integration import infer_output
-from specdec_t5x.research import demo_data, harness
+from specdec_t5x.research.measure import demo_data
+from specdec_t5x.research.results import harness
 
 pytestmark = pytest.mark.slow  # a results table's tooling, not the decode path
 

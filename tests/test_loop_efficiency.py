@@ -1,6 +1,6 @@
-"""scripts/loop_efficiency.py at tiny sizes, and research/loop_profile.py's attribution.
+"""scripts/loop_efficiency.py at tiny sizes, and research/measure/loop_profile.py's attribution.
 
-The script's greedy decodes are checked against research/reference.py's T5X-style greedy
+The script's greedy decodes are checked against research/measure/reference.py's T5X-style greedy
 loop (written apart from generate()), and its loop iterations against target calls
 counted from those tokens alone."""
 import json
@@ -12,7 +12,7 @@ import pytest
 
 from conftest import load_script, random_inputs
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.research import loop_profile, reference, speed
+from specdec_t5x.research.measure import loop_profile, reference, speed
 
 
 _PROGRAM = '''

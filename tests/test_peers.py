@@ -8,7 +8,7 @@ import pytest
 from conftest import make_model, random_inputs, tiny_config, train_tiny_spm
 from specdec_t5x.algorithm import api
 from specdec_t5x.integration.hf_convert import hf_model_from_params
-from specdec_t5x.research import peers
+from specdec_t5x.research.measure import peers
 
 pytestmark = pytest.mark.slow  # a results table's tooling, not the decode path
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from specdec_t5x.research import reproduce
+from specdec_t5x.research.results import reproduce
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PAGES = [REPO / 'README.md'] + sorted((REPO / 'docs').glob('*.md'))

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import make_model, random_inputs, tiny_config
 from specdec_t5x import generate
-from specdec_t5x.research import reference
+from specdec_t5x.research.measure import reference
 
 
 @pytest.mark.parametrize('v11', [True, False], ids=['v1.1', 'v1.0'])

@@ -10,7 +10,8 @@ import threading
 
 import pytest
 
-from specdec_t5x.research import train_config, train_state, training
+from specdec_t5x.research.train import (config as train_config, state as train_state,
+                                        loop as training)
 from test_training import VOCAB, data_dir, small_cfg, tiny_model  # pylint: disable=unused-import
 
 pytestmark = pytest.mark.slow  # training runs, interrupted and resumed

@@ -1,4 +1,4 @@
-"""The reproduce-all command (research/reproduce.py): it runs every committed result with
+"""The reproduce-all command (research/results/reproduce.py): it runs every committed result with
 the flags that file records, refuses to time on a busy machine, and the README's Results
 table and results/INDEX.md are what the JSON files hold."""
 import glob
@@ -13,7 +13,7 @@ import types
 
 import pytest
 
-from specdec_t5x.research import reproduce
+from specdec_t5x.research.results import reproduce
 
 pytestmark = pytest.mark.slow  # a results table's tooling, not the decode path
 

@@ -1,4 +1,4 @@
-"""reproduce_results.py --check (research/reproduce_check.py): its field lists match the
+"""reproduce_results.py --check (research/results/check.py): its field lists match the
 committed results, its comparison catches every kind of difference, a field altered from a
 committed file is flagged against that file, and a rerun of a deterministic step at its
 quick size reproduces the first run's fields exactly.
@@ -15,7 +15,7 @@ import pathlib
 import pytest
 
 from conftest import load_script
-from specdec_t5x.research import reproduce, reproduce_check
+from specdec_t5x.research.results import reproduce, check as reproduce_check
 
 pytestmark = pytest.mark.slow  # a results table's tooling, not the decode path
 

@@ -148,7 +148,7 @@ def _stock_t5x(temperature=0.0):
   import seqio  # pylint: disable=g-import-not-at-top
   from t5x import decoding  # pylint: disable=g-import-not-at-top
   from t5x import models as t5x_models  # pylint: disable=g-import-not-at-top
-  from specdec_t5x.research import t5x_reference  # pylint: disable=g-import-not-at-top
+  from specdec_t5x.research.measure import t5x_reference  # pylint: disable=g-import-not-at-top
   from t5x.examples.t5 import network as t5x_network  # pylint: disable=g-import-not-at-top
   vocab = seqio.PassThroughVocabulary(CFG.vocab_size, eos_id=1)
   module = t5x_network.Transformer(t5x_reference.t5x_config(CFG))

@@ -32,7 +32,8 @@ import seqio
 
 from specdec_t5x.algorithm import network
 from specdec_t5x.integration import demo, tasks
-from specdec_t5x.research import paper, t5x_reference
+from specdec_t5x.research.predict import paper
+from specdec_t5x.research.measure import t5x_reference
 
 pytestmark = pytest.mark.slow  # python -m t5x.infer subprocesses on T5X checkpoints
 

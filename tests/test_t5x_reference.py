@@ -10,7 +10,7 @@ import pytest
 
 from conftest import make_model, random_inputs, tiny_config
 from specdec_t5x import generate
-from specdec_t5x.research import t5x_reference
+from specdec_t5x.research.measure import t5x_reference
 
 pytestmark = pytest.mark.skipif(not t5x_reference.available(),
                                 reason='t5x is not installed (it is not on PyPI)')

@@ -13,8 +13,9 @@ import pytest
 from specdec_t5x.algorithm.network import Transformer
 from specdec_t5x.integration import model_dir
 from specdec_t5x.integration.checkpoints import load_params
-from specdec_t5x.research import (distill, train_config, train_data, train_objective,
-                                  train_optim, train_state, training)
+from specdec_t5x.research.train import (distill, config as train_config, data as train_data,
+                                        objective as train_objective, optim as train_optim,
+                                        state as train_state, loop as training)
 
 pytestmark = pytest.mark.slow  # training runs
 

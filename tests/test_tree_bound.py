@@ -1,4 +1,4 @@
-"""research/tree_bound.py: teacher-forced ranks and the best static draft trees they allow,
+"""research/measure/tree_bound.py: teacher-forced ranks and the best static draft trees they allow,
 against brute force."""
 
 import itertools
@@ -11,7 +11,7 @@ from conftest import random_inputs
 from specdec_t5x import generate
 from specdec_t5x.algorithm import sampling
 from specdec_t5x.algorithm.drafts import UnigramDraft
-from specdec_t5x.research import evaluation, tree_bound
+from specdec_t5x.research.measure import evaluation, tree_bound
 
 pytestmark = pytest.mark.slow  # a results table's tooling
 

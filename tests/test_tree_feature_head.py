@@ -30,7 +30,7 @@ from test_feature_draft import make_head
 from specdec_t5x import generate
 from specdec_t5x.algorithm import api, sampling, tree_accept
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.research import feature_train
+from specdec_t5x.research.train import feature_head as feature_train
 
 REDUCED = tuple(range(1, ttd.VOCAB, 3))  # the greedy cases' reduced draft vocabulary
 GREEDY = {  # name: (batch, gamma, copy_branch, draft_siblings, draft vocabulary, prompt)

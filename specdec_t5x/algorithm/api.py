@@ -227,7 +227,7 @@ def decode_program(target_module, draft_module, *, max_len: int, config: DecodeC
   of the sampling settings (SamplingConfig.values(), float32 [3]) for the switches that
   config.sampling fixes (greedy, top-k, top-p on or off); None: config's own values, as
   constants of the program. `wrap(name, fn)`, if given, replaces the 'target' and 'draft'
-  ExtendFns the loops call (e.g. research/loop_profile.py's scopes)."""
+  ExtendFns the loops call (e.g. research/measure/loop_profile.py's scopes)."""
   wrap = wrap or (lambda name, fn: fn)
 
   def run(target_vars, draft_vars, encoder_tokens, rng, eos_id, prompt=None, sampling=None):

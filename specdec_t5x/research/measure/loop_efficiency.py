@@ -30,7 +30,7 @@ import numpy as np
 
 from specdec_t5x.algorithm import api, batching, timing
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.research import hlo_loops, loop_ladder, loop_profile, speed
+from specdec_t5x.research.measure import hlo_loops, loop_ladder, loop_profile, speed
 
 ModelAndParams = Any
 

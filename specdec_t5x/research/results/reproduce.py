@@ -22,7 +22,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from specdec_t5x.integration import run_dir
-from specdec_t5x.research.headlines import HEADLINES
+from specdec_t5x.research.results.headlines import HEADLINES
 
 RESULTS = 'results'
 LOG = 'reproduce_log'  # {root}/reproduce_log.json: the last run's steps and seconds, not a result

@@ -1,5 +1,5 @@
 """Where a decode loop's time goes, from the paper's ideal to the real loop, as a ladder of
-timed programs over the same calls (research/loop_efficiency.py's rows), at the batch
+timed programs over the same calls (research/measure/loop_efficiency.py's rows), at the batch
 of the encoder rows given.
 
 Per loop iteration (one target call), in seconds:

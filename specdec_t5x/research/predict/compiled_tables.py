@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
-from specdec_t5x.research import compiled_trees, harness
+from specdec_t5x.research.predict import compiled_trees
+from specdec_t5x.research.results import harness
 
 GB = 1e9
 GIB = 2 ** 30
@@ -123,7 +124,7 @@ def render(report: harness.Report) -> List[str]:
       "unfused bytes = the lowered HLO's bytes accessed (before fusion: an upper bound); "
       "flops = the lowered HLO's. Both lowered figures are scaled by the share one device "
       'does in the partitioned compile (XLA:CPU computes bfloat16 dots in float32, so its '
-      "own byte counts are not an accelerator's; see specdec_t5x/research/compiled_costs.py)."
+      "own byte counts are not an accelerator's; see research/predict/compiled_costs.py)."
       ' Roofline time = max(flops / peak, bytes / HBM bandwidth); collectives and launch '
       'latency are left out (kindest to small drafts). Chips: ' + chips)
   lines += ["## Table 2: the paper's speedup and the predicted one", '',

@@ -1,7 +1,7 @@
 """Draft trees at the paper's sizes, predicted: the demo's measured tokens per target call
 (the tree experiments' results files: chains and trees decoded side by side) with the call
 costs that the compiled programs of T5 v1.1 give on an accelerator
-(research/compiled_costs.py).
+(research/predict/compiled_costs.py).
 
 For each decode of a tree results file, on each chip and device count, with the paper's
 T5-small draft and T5-XXL target:
@@ -29,7 +29,9 @@ import pathlib
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.research import decode_specs, harness, paper
+from specdec_t5x.research.measure import decode_specs
+from specdec_t5x.research.results import harness
+from specdec_t5x.research.predict import paper
 
 DRAFT = 'small'  # the paper's draft of the design card (configs/spec_t5_small_xxl.gin)
 FIELDS = ('task', 'temperature', 'decode', 'verified_positions', 'draft_calls',

@@ -12,9 +12,9 @@ import numpy as np
 import optax
 
 from specdec_t5x.algorithm.network import T5Config, Transformer
-from specdec_t5x.research.train_config import TrainConfig
-from specdec_t5x.research.train_data import Batch
-from specdec_t5x.research.train_optim import make_optimizer
+from specdec_t5x.research.train.config import TrainConfig
+from specdec_t5x.research.train.data import Batch
+from specdec_t5x.research.train.optim import make_optimizer
 
 Params = Any
 

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specdec_t5x.research.train_config import TrainConfig
+from specdec_t5x.research.train.config import TrainConfig
 
 
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:

@@ -20,7 +20,7 @@ import numpy as np
 
 from specdec_t5x.algorithm import api
 from specdec_t5x.algorithm.feature_draft import FeatureDraft
-from specdec_t5x.research import feature_train
+from specdec_t5x.research.train import feature_head as feature_train
 
 ModelAndParams = Tuple[Any, Any]
 EDGES = (0.0, 0.3, 0.5, 0.7, 0.9, 1.0)  # top-1 probability buckets [lo, hi); the last is closed

@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List
 
-from specdec_t5x.research import demo_data, harness
+from specdec_t5x.research.measure import demo_data
+from specdec_t5x.research.results import harness
 
 
 def render(report: harness.Report) -> List[str]:

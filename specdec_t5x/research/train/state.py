@@ -29,7 +29,7 @@ import orbax.checkpoint as ocp
 from specdec_t5x.algorithm.network import T5Config, Transformer
 from specdec_t5x.integration import model_dir, run_dir
 from specdec_t5x.integration.checkpoints import load_params
-from specdec_t5x.research.train_config import TrainConfig, changed_settings
+from specdec_t5x.research.train.config import TrainConfig, changed_settings
 
 Params = Any
 STEP_PREFIX = 'checkpoint'  # Step directories are checkpoint_<step>, as T5X names them.

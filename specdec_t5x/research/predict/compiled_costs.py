@@ -13,7 +13,7 @@ never added: `decode_variables` is not called). The programs are the decode path
   target or draft step, k = gamma + 1 the target's verification of a speculative step;
 * tree k: the same call over a draft tree of k nodes (`extend(..., tree=parents)`, the
   parents an argument: one program for every tree shape), the target's verification of a
-  tree step (research/compiled_trees.py).
+  tree step (research/predict/compiled_trees.py).
 
 Per program it records `lowered.cost_analysis()` (the HLO as JAX emits it, before any
 backend pass: the whole program's flops and bytes), `compiled.cost_analysis()` and
@@ -59,7 +59,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from specdec_t5x.algorithm import cpu_kernels, network, theory
 from specdec_t5x.integration import partitioning
-from specdec_t5x.research import compiled_trees, paper
+from specdec_t5x.research.predict import compiled_trees, paper
 
 
 @dataclasses.dataclass(frozen=True)

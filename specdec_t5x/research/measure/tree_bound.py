@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_t5x.algorithm import tree_decoding
-from specdec_t5x.research import evaluation
+from specdec_t5x.research.measure import evaluation
 
 Path = Tuple[int, ...]
 _COPY = jax.jit(tree_decoding.copy_continuation, static_argnums=3)

@@ -18,7 +18,7 @@ import numpy as np
 from specdec_t5x.algorithm import api, batching, sampling, theory, timing
 from specdec_t5x.algorithm import stats as stats_lib
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.research import evaluation
+from specdec_t5x.research.measure import evaluation
 
 ModelAndParams = Tuple[Any, Any]
 

@@ -39,7 +39,7 @@ import numpy as np
 
 from specdec_t5x.algorithm import api
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.research import hlo_loops
+from specdec_t5x.research.measure import hlo_loops
 
 SCOPES = {'target': 'target_call', 'draft': 'draft_call'}
 PARTS = ('target_calls', 'draft_calls', 'loop_work')

@@ -17,7 +17,7 @@ import fnmatch
 import tempfile
 from typing import Any, Dict, List, Sequence, Tuple
 
-from specdec_t5x.research import reproduce
+from specdec_t5x.research.results import reproduce
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,8 @@ from specdec_t5x.algorithm import batching
 from specdec_t5x.algorithm import stats as stats_lib
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.integration import infer_output, metrics
-from specdec_t5x.research import evaluation, harness, speed
+from specdec_t5x.research.measure import evaluation, speed
+from specdec_t5x.research.results import harness
 
 
 

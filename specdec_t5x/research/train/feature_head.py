@@ -14,7 +14,7 @@ vocabulary when it has one, the target's mass outside it being out of the head's
 Logged per pass: how often the head's argmax is the target's (greedy acceptance of the
 j-th draft given the earlier ones were right).
 
-Resumable and guarded like research/training.py: Orbax checkpoints of params, optimizer
+Resumable and guarded like research/train/loop.py: Orbax checkpoints of params, optimizer
 state and data cursors in `workdir` (train_state), a run resumed at step s sees the same
 batches as one never stopped; NaN losses stop the run before anything is saved after them.
 """
@@ -37,10 +37,10 @@ import tqdm
 from specdec_t5x.algorithm import drafting, feature_draft
 from specdec_t5x.algorithm.network import T5Config, Transformer
 from specdec_t5x.integration import model_dir, run_dir
-from specdec_t5x.research import train_state
-from specdec_t5x.research.train_config import TrainConfig
-from specdec_t5x.research.train_data import Mixture, load_split, validation_batches
-from specdec_t5x.research.train_optim import LearningRate, make_optimizer
+from specdec_t5x.research.train import state as train_state
+from specdec_t5x.research.train.config import TrainConfig
+from specdec_t5x.research.train.data import Mixture, load_split, validation_batches
+from specdec_t5x.research.train.optim import LearningRate, make_optimizer
 
 Params = Any
 BUCKET = 16  # batches are cut to their longest row, rounded up to this (fewer compiles)

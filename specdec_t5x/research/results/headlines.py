@@ -1,6 +1,6 @@
 """One line per results file, from its JSON: results/INDEX.md's and the README's headlines.
 
-`HEADLINES[name](data)` renders results/<name>.json's headline; research/reproduce.py puts
+`HEADLINES[name](data)` renders results/<name>.json's headline; research/results/reproduce.py puts
 them into the index and the README's Results table, so the docs quote what the files hold.
 """
 

@@ -23,7 +23,7 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 import tqdm
 
-from specdec_t5x.research.corpus import (TASK_PREFIXES, Example, assign_splits, dedup, ddtp_ende_examples,
+from specdec_t5x.research.data.corpus import (TASK_PREFIXES, Example, assign_splits, dedup, ddtp_ende_examples,
                                 ddtp_summary_example, ding_examples, mo_examples, parse_mo,
                                 parse_packages_sources, parse_translation, read_tsv,
                                 word_count, write_tsv)

@@ -5,7 +5,7 @@ base) and with each of its decodes, timed interleaved after compilation (harness
 reports per (task, temperature, decode) one row: alpha, tokens per target call, drafts per
 step, accepted tokens by source, seconds, speedup over AR and over the best plain chain,
 and whether the tokens equal AR's (greedy). A decode is named by a spec of
-research/decode_specs.py's grammar (g<gamma>[+c<n>][+w<W>]...[@<draft>]).
+research/measure/decode_specs.py's grammar (g<gamma>[+c<n>][+w<W>]...[@<draft>]).
 
 `EXPERIMENTS` holds the presets whose results/<name>.* files the repository keeps; any
 flag of the script overrides a preset's value (--decodes included), so a new comparison
@@ -22,8 +22,8 @@ import numpy as np
 from specdec_t5x.algorithm import stats as stats_lib
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.algorithm.drafts import CopyDraft
-from specdec_t5x.research import demo_data, evaluation, speed
-from specdec_t5x.research.decode_specs import (DEFAULT_DRAFT, is_chain,  # noqa: F401
+from specdec_t5x.research.measure import demo_data, evaluation, speed
+from specdec_t5x.research.measure.decode_specs import (DEFAULT_DRAFT, is_chain,  # noqa: F401
                                                parse_decode)
 
 BASE = 'AR'

@@ -61,7 +61,7 @@ gamma {gamma}
 # `python -m specdec_t5x.infer` takes the same flags and needs no T5X installed.
 # The task, its data and metric, the checkpoint defaults and what a run writes:
 # {base}. This file sets the row: the draft, GAMMA and TEMPERATURE.
-# (Rendered from specdec_t5x/research/paper.py, TABLE_2: edit the row there.)
+# (Rendered from specdec_t5x/research/predict/paper.py, TABLE_2: edit the row there.)
 from __gin__ import dynamic_registration
 
 from specdec_t5x.algorithm import network

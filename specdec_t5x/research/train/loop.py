@@ -32,12 +32,12 @@ import tqdm
 
 from specdec_t5x.algorithm.network import T5Config
 from specdec_t5x.integration import model_dir
-from specdec_t5x.research import train_state
-from specdec_t5x.research.train_config import TrainConfig, num_params
-from specdec_t5x.research.train_data import (Batch, Mixture, load_split, token_counts,
+from specdec_t5x.research.train import state as train_state
+from specdec_t5x.research.train.config import TrainConfig, num_params
+from specdec_t5x.research.train.data import (Batch, Mixture, load_split, token_counts,
                                              validation_batches)
-from specdec_t5x.research.train_objective import evaluate, make_steps
-from specdec_t5x.research.train_optim import LearningRate
+from specdec_t5x.research.train.objective import evaluate, make_steps
+from specdec_t5x.research.train.optim import LearningRate
 
 Params = Any
 _CALIBRATION_STEPS = 20  # Steps timed before fitting the total to the time budget.

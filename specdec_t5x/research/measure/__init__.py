@@ -1,0 +1,1 @@
+"""Measuring decodes: speed, acceptance, loop efficiency, named experiments, reference decoders."""
