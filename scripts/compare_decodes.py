@@ -1,13 +1,18 @@
-"""Decode variants against autoregressive decoding and the plain chain, on the demo tasks.
+"""Runs one registered experiment on the demo family: a decode comparison (decode variants
+against autoregressive decoding and the plain chain) or a measurement of its own.
 
   flock /tmp/specdec_bench.lock python scripts/compare_decodes.py --experiment=tree \
       [--decodes=g2,g4+s1,...] [--tasks=summarize,ende] [--temperatures=0,1] [--rows=8] \
       [--max_len=48] [--repeats=2] [--batch=1] [--quality] [--precise=64] [--seeds=4]
-  python scripts/compare_decodes.py --list
+  python scripts/compare_decodes.py --experiment=alpha_demo [its flags; --help lists them]
+  python scripts/compare_decodes.py --list      # every experiment, what it runs
 
-demo_target with demo_draft_m unless a decode names another draft. Each experiment
-(specdec_t5x/research/measure/experiments.py: tree, copy_draft, adaptive_gamma, lenience,
-block_verification) is a preset of these flags; a flag given overrides the preset. For
+The experiments are the files of specdec_t5x/research/experiments/ (--list names them). One
+with a measurement module of its own (research/measure/) takes that module's flags
+(--experiment=NAME --help) and writes what the module's docstring says.
+
+A decode comparison: demo_target with demo_draft_m unless a decode names another draft.
+Its experiment file's preset fills these flags; a flag given overrides the preset. For
 each task and temperature, the task's first --rows test rows are decoded with AR and with
 each decode, --batch rows per call (0: all in one batch), timed interleaved after
 compilation (median of --repeats; greedy outputs checked equal to AR's). A decode spec is
@@ -19,19 +24,36 @@ module). --quality adds BLEU / ROUGE; --precise N adds tokens per call over N in
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import sys
+from typing import List, Optional, Sequence, Tuple
 
 import jax
 from tqdm import tqdm
 
-from specdec_t5x.research.measure import demo_data, evaluation, experiments
+from specdec_t5x.research import experiments as registry
+from specdec_t5x.research.measure import compare, demo_data, evaluation
 from specdec_t5x.research.results import harness
+
+
+def split_experiment(argv: Sequence[str]) -> Tuple[Optional[str], List[str]]:
+  """(the --experiment named in argv or None, argv without it)."""
+  name, rest, words = None, [], list(argv)
+  while words:
+    word = words.pop(0)
+    if word == '--experiment' and words:
+      name = words.pop(0)
+    elif word.startswith('--experiment='):
+      name = word.split('=', 1)[1]
+    else:
+      rest.append(word)
+  return name, rest
 
 
 def parse_args(argv):
   ap = harness.parser(__doc__, None)
-  ap.add_argument('--experiment', choices=sorted(experiments.EXPERIMENTS))
+  ap.add_argument('--experiment', choices=sorted(registry.RUNNABLE))
   ap.add_argument('--list', action='store_true', help='name and describe the experiments')
   ap.add_argument('--decodes')
   ap.add_argument('--tasks')
@@ -44,13 +66,13 @@ def parse_args(argv):
     return args, None
   if not args.experiment:
     ap.error('--experiment is required (--list names them)')
-  preset = experiments.EXPERIMENTS[args.experiment]
+  preset = registry.PRESETS[args.experiment]
   exp = dataclasses.replace(preset, **{f.name: getattr(args, f.name) for f in
                                        dataclasses.fields(preset)
                                        if getattr(args, f.name, None) is not None})
   for spec in exp.decodes.split(','):
     try:
-      experiments.parse_decode(spec)  # a bad spec fails before anything loads
+      compare.parse_decode(spec)  # a bad spec fails before anything loads
     except ValueError as e:
       ap.error(str(e))
   if exp.precise % 16:
@@ -59,24 +81,24 @@ def parse_args(argv):
   return args, exp
 
 
-def run(exp: experiments.Experiment):
+def run(exp: registry.Preset):
   target = evaluation.load_model('demo_target')
   tasks = exp.tasks.split(',')
   results = []
   with tqdm(total=len(tasks) * len(exp.temperatures), desc='decodes', unit='cell') as bar:
     for task in tasks:
       enc, refs, vocab = demo_data.load_task(task, exp.rows)
-      drafts = experiments.Drafts(task, target[0].config.vocab_size)
+      drafts = compare.Drafts(task, target[0].config.vocab_size)
       many = demo_data.load_task(task, exp.precise)[0] if exp.precise else None
       for t in exp.temperatures:
         jax.clear_caches()  # the last cell's programs: the JIT's memory mappings are bounded
-        decoders = experiments.decoders(target, enc, exp, task, t, drafts)
-        rows = experiments.rows_of(harness.interleaved(decoders, exp.repeats), task, t,
+        decoders = compare.decoders(target, enc, exp, task, t, drafts)
+        rows = compare.rows_of(harness.interleaved(decoders, exp.repeats), task, t,
                                    *((vocab, refs) if exp.quality else ()))
         for r in rows:
-          if many is not None and r['decode'] != experiments.BASE:
+          if many is not None and r['decode'] != compare.BASE:
             wide = dataclasses.replace(decoders[r['decode']], enc=many, batch=16)
-            r['tpc_precise'], r['tpc_stderr'] = experiments.precise_tokens_per_call(
+            r['tpc_precise'], r['tpc_stderr'] = compare.precise_tokens_per_call(
                 wide, exp.seeds)
           print(json.dumps(r), file=sys.stderr, flush=True)
         results += rows
@@ -113,11 +135,18 @@ def markdown(exp, results):
 
 
 def main(argv=None):
-  args, exp = parse_args(sys.argv[1:] if argv is None else argv)
+  argv = list(sys.argv[1:] if argv is None else argv)
+  name, rest = split_experiment(argv)
+  measured = registry.RUNNABLE.get(name)
+  if measured is not None and measured.measure:  # its module's own flags and report
+    return importlib.import_module(measured.measure).main(rest, __file__, argv)
+  args, exp = parse_args(argv)
   if exp is None:
-    for name, e in experiments.EXPERIMENTS.items():
-      print(f'{name:20s} {e.title}\n{"":20s} decodes {e.decodes}')
-    return
+    for name, e in registry.RUNNABLE.items():
+      about = (f'{e.preset.title}\n{"":24s} decodes {e.preset.decodes}' if e.preset else
+               f'measured by {e.measure} (--help with it: its flags)')
+      print(f'{name:24s} {about}')
+    return None
   results = run(exp)
   report = harness.Report(__file__, args, argv)
   report.data.update(experiment=args.experiment, settings=dataclasses.asdict(exp),

@@ -202,7 +202,7 @@ def test_committed_results_are_what_the_readme_quotes():
   assert data['lengths']['input'] == compiled_costs.INPUT_LEN
   assert data['configs']['xxl'].startswith('T5Config(vocab_size=32128')
   readme = (REPO / 'README.md').read_text()
-  quoted = headlines.HEADLINES['compiled_table2'](data)
+  quoted = headlines.compiled(data)
   errors = [abs(r['predicted']['TPU v4 x1']['speedup'] - r['speedup_paper'])
             for r in data['table2']]
   assert quoted.startswith('PREDICTED')

@@ -154,15 +154,17 @@ def test_speedup_table_runs_a_paper_row_config(env, tmp_path):
   """configs/spec_t5_small_xxl.gin unchanged, tiny checkpoints, mocked WMT data."""
   out = tmp_path / 'speedup'
   flags = [f for f in _flags(env, None, output_dir=False)]
-  result = load_script('speedup_table').main(
-      flags + ['--gammas', '1,2', '--num_examples', '2', '--repeats', '1', '--cost_calls', '2',
-               '--cost_repeats', '1', '--out', str(out)])
+  result = load_script('compare_decodes').main(
+      ['--experiment=speedup_table'] + flags + [
+          '--gammas', '1,2', '--num_examples', '2', '--repeats', '1', '--cost_calls', '2',
+          '--cost_repeats', '1', '--out', str(out)])
   (group,) = result['groups']
   assert group['task'] == 'specdec_wmt_t2t_ende_v003' and group['temperature'] == 0.0
   (draft,) = group['drafts'].values()
   assert [r['gamma'] for r in draft['rows']] == [1, 2]
   assert all(r['same_tokens_as_ar'] == 2 for r in draft['rows'])
   saved = json.loads(pathlib.Path(f'{out}.json').read_text())
-  assert saved['command'].startswith('python scripts/speedup_table.py --gin_file=')
+  assert saved['command'].startswith(
+      'python scripts/compare_decodes.py --experiment=speedup_table --gin_file=')
   assert '| specdec_wmt_t2t_ende_v003 |' in pathlib.Path(f'{out}.md').read_text()
   assert pathlib.Path(f'{out}_specdec_wmt_t2t_ende_v003.png').stat().st_size > 0

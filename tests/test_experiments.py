@@ -1,5 +1,6 @@
-"""compare_decodes.py's named experiments: the decode-spec grammar, the result rows against
-independent counts, and the script end to end on the demo checkpoints."""
+"""compare_decodes.py's decode comparisons (research/measure/compare.py): the decode-spec
+grammar, the result rows against independent counts, and the script end to end on the demo
+checkpoints."""
 
 import json
 
@@ -9,7 +10,8 @@ import pytest
 from conftest import load_script, random_inputs
 from specdec_t5x.algorithm import api
 from specdec_t5x.algorithm.config import DecodeConfig, GammaPolicy
-from specdec_t5x.research.measure import experiments, speed
+from specdec_t5x.research import experiments as registry
+from specdec_t5x.research.measure import compare as experiments, speed
 from specdec_t5x.research.results import harness
 
 pytestmark = pytest.mark.slow  # a results table's tooling, not the decode path
@@ -52,7 +54,7 @@ def test_a_bad_spec_is_refused_with_its_reason(spec, says):
 
 
 def test_every_preset_parses_and_names_a_chain_to_compare_with():
-  for name, exp in experiments.EXPERIMENTS.items():
+  for name, exp in registry.PRESETS.items():
     specs = exp.decodes.split(',')
     for spec in specs:
       experiments.parse_decode(spec)
@@ -117,7 +119,7 @@ def test_the_script_writes_a_named_experiment(tmp_path, capsys):
   data = json.loads(out.with_suffix('.json').read_text())
   assert data['command'].startswith('python scripts/compare_decodes.py --experiment=tree')
   assert data['settings']['decodes'] == 'g2,g2+s1,g2+c2@copy:bigram'
-  assert data['settings']['repeats'] == experiments.EXPERIMENTS['tree'].repeats
+  assert data['settings']['repeats'] == registry.PRESETS['tree'].repeats
   assert [r['decode'] for r in data['results']] == ['AR', 'g2', 'g2+s1', 'g2+c2@copy:bigram']
   assert all(r['equal_to_ar'] for r in data['results'])
   assert '| ende | 0 | g2+s1 | 4 |' in out.with_suffix('.md').read_text()

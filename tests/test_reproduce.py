@@ -36,6 +36,9 @@ def _flags(command: str):
 
 
 def test_every_committed_result_is_a_step_with_its_recorded_flags():
+  """A step's command is the one its committed file records; where the step's script has
+  since been folded into another, the command its experiment declares it was made with
+  (`made_with`), and then only while that differs from the step's command."""
   steps = {s.name: s for s in reproduce.STEPS}
   for path in sorted(glob.glob(os.path.join(RESULTS, '*.json'))):
     name = os.path.basename(path)[:-5]
@@ -44,8 +47,19 @@ def test_every_committed_result_is_a_step_with_its_recorded_flags():
       continue  # not a result script's file (e.g. the reproduce log)
     assert name in steps, f'results/{name}.json has no reproduce step'
     step = steps[name]
-    assert _flags(data['command']) == list(step.argv), name
-    assert data['command'].split()[1] == f'scripts/{step.script}', name
+    script, flags = step.made()
+    assert _flags(data['command']) == flags, name
+    assert data['command'].split()[1] == f'scripts/{script}', name
+    if step.made_with is not None:  # remeasured with today's command: drop made_with
+      assert (step.script, list(step.argv)) != (script, flags), name
+      assert os.path.isfile(REPO / 'scripts' / step.script), name
+
+
+def test_made_with_names_the_recorded_command_apart_from_out():
+  step = reproduce.Step('x', 'compare_decodes.py', ('--experiment=x', '--n', '2'),
+                        made_with='python scripts/old_x.py --n 2')
+  assert step.made() == ('old_x.py', ['--n', '2'])
+  assert reproduce.Step('y', 'y.py', ('--a',)).made() == ('y.py', ['--a'])
 
 
 def test_readme_results_table_is_rendered_from_the_json_files():
@@ -126,7 +140,7 @@ def test_a_step_is_refused_on_uncommitted_code(tmp_path, monkeypatch):
   started = []
   monkeypatch.setattr(reproduce.subprocess, 'run', lambda command, check: (
       started.append(command), types.SimpleNamespace(returncode=0))[1])
-  step = reproduce.Step('demo_models', 'eval_demo_models.py', timed=False, quick=('--x',))
+  step = reproduce.Step('demo_models', 'compare_decodes.py', timed=False, quick=('--x',))
   monkeypatch.setattr(reproduce.run_dir, 'git_revision', lambda: '0123456789abcdef-dirty')
   with pytest.raises(RuntimeError, match='uncommitted changes.*0123456789-dirty'):
     reproduce.run([step], root=str(tmp_path), log=lambda line: None)

@@ -1,7 +1,8 @@
 """`reproduce_results.py --check`: re-run result steps and compare what they print with the
 files they replace, without touching those files.
 
-Each checked step lists the JSON fields that a rerun must reproduce EXACTLY (acceptance
+Each checked step (its `Check`, declared with the step in its experiment file,
+research/experiments/) lists the JSON fields that a rerun must reproduce EXACTLY (acceptance
 rates and histograms, target calls, identical-token counts, BLEU/ROUGE, compiled FLOPs:
 deterministic on one machine and one set of library versions) and the timing fields it
 must reproduce within `rtol` (the run-to-run spread of timings on a 2-core VM). Fields are
@@ -12,71 +13,13 @@ must match a field of the committed file, so the lists cannot silently go stale
 
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
 import tempfile
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence
 
+from specdec_t5x.research.experiments import CHECKS
+from specdec_t5x.research.experiments._base import Check
 from specdec_t5x.research.results import reproduce
-
-
-@dataclasses.dataclass(frozen=True)
-class Check:
-  exact: Tuple[str, ...] = ()  # fields a rerun reproduces bit for bit
-  timing: Tuple[str, ...] = ()  # fields a rerun reproduces within rtol (relative)
-  rtol: float = 0.25
-
-
-_SPEC_ROWS = ('*/tokens_per_target_call', '*/accepted_length_histogram/*',
-              '*/alpha_empirical', '*/same_tokens_as_ar', '*/generated_tokens')
-_DEMO_RUNS = Check(exact=('runs/*/alpha_empirical', 'runs/*/mean_tokens_per_target_call',
-                          'runs/*/identical_predictions', 'runs/*/bleu/bleu',
-                          'runs/*/baseline_bleu/bleu', 'runs/*/num_predictions'),
-                   timing=('runs/*/walltime_speedup_stats/pooled',))
-_DECODE_COUNTS = ('results/*/target_calls', 'results/*/generated_tokens',
-                  'results/*/accepted_tokens', 'results/*/equal_to_ar')
-
-CHECKS: Dict[str, Check] = {
-    'alpha_demo': Check(exact=('cells/*/alpha', 'cells/*/beta_histogram/counts/*',
-                               'cells/*/num_sequences', 'cells/*/speculative/*')),
-    'demo_models': Check(exact=('scores/*',)),
-    'bf16_agreement': Check(exact=('bfloat16/*', 'bfloat16_packed_bf16/*',
-                                   'ar_bf16_vs_ar_f32/*')),
-    'bf16_agreement_diagnosis': Check(exact=('cells/*',)),
-    'compiled_table2': Check(exact=('models/*/flops', 'models/*/bytes', 'models/*/memory/*',
-                                    'models/*/collectives/*')),
-    'speedup_demo': Check(exact=tuple('groups/*/rows' + p for p in _SPEC_ROWS)
-                          + ('groups/*/ar_tokens',),
-                          timing=('groups/*/best_measured_speedup',)),
-    'speedup_ende_t1_inverse_cdf': Check(
-        exact=tuple('groups/*/rows' + p for p in _SPEC_ROWS) + ('groups/*/ar_tokens',),
-        timing=('groups/*/best_measured_speedup',)),
-    'block_verification': Check(exact=_DECODE_COUNTS + ('results/*/tpc_precise',),
-                                timing=('results/*/speedup_vs_ar',)),
-    'adaptive_gamma': Check(exact=_DECODE_COUNTS, timing=('results/*/speedup_vs_ar',)),
-    'copy_draft': Check(exact=_DECODE_COUNTS, timing=('results/*/speedup_vs_ar',)),
-    'tree': Check(exact=_DECODE_COUNTS + ('results/*/accepted_by_source/*',),
-                  timing=('results/*/speedup_vs_ar',)),
-    'dynamic_tree': Check(exact=_DECODE_COUNTS, timing=('results/*/speedup_vs_ar',)),
-    'tree_budget': Check(exact=_DECODE_COUNTS + ('results/*/accepted_by_source/*',),
-                         timing=('results/*/speedup_vs_ar',)),
-    'sampled_tree': Check(exact=_DECODE_COUNTS + ('results/*/tpc_precise',),
-                          timing=('results/*/speedup_vs_ar',)),
-    'head_tree': Check(exact=_DECODE_COUNTS + ('results/*/accepted_by_source/*',
-                                               'results/*/tpc_precise'),
-                       timing=('results/*/speedup_vs_ar',)),
-    'head_dynamic_tree': Check(exact=_DECODE_COUNTS + ('results/*/tpc_precise',),
-                               timing=('results/*/speedup_vs_ar',)),
-    'lenience': Check(exact=('results/*/target_calls', 'results/*/generated_tokens',
-                             'results/*/bleu', 'results/*/rouge*'),
-                      timing=('results/*/speedup_vs_ar',)),
-    'batch_throughput': Check(exact=('rows/*/target_calls', 'rows/*/generated_tokens',
-                                     'rows/*/rows_equal_batch1')),
-    'feature_draft': Check(exact=('acceptance/*',)),
-    'demo_speedup_runs': _DEMO_RUNS,
-    'demo_draft_m_runs': _DEMO_RUNS,
-    'demo_bf16_runs': _DEMO_RUNS,
-}
 
 
 def flatten(tree: Any, prefix: str = '') -> Dict[str, Any]:

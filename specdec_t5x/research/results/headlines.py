@@ -1,20 +1,22 @@
 """One line per results file, from its JSON: results/INDEX.md's and the README's headlines.
 
-`HEADLINES[name](data)` renders results/<name>.json's headline; research/results/reproduce.py puts
-them into the index and the README's Results table, so the docs quote what the files hold.
+Each function renders a results JSON's headline; an experiment file
+(research/experiments/) names the one of each of its files, and research/results/reproduce.py
+puts them into the index and the README's Results table, so the docs quote what the files
+hold.
 """
 
 from __future__ import annotations
 
 import statistics
-from typing import Any, Callable, Dict
+from typing import Any, Dict
 
 
 def _x(v: float) -> str:
   return f'{v:.2f}x'
 
 
-def _demo_runs(d):
+def demo_runs(d):
   pooled = [r['walltime_speedup_stats']['pooled'] for r in d['runs']]
   same = all(r['identical_predictions'] for r in d['runs'])
   return (f"{min(pooled):.2f}-{max(pooled):.2f}x over {len(pooled)} fresh runs, "
@@ -23,7 +25,7 @@ def _demo_runs(d):
           f"{d['runs'][0]['bleu']['bleu']:.2f}")
 
 
-def _alpha(d):
+def alpha(d):
   cells = {(c['task'], c['draft'], c['temperature']): c['alpha'] for c in d['cells']}
   return '; '.join(f'{task} {draft}: {cells[(task, draft, 0.0)]:.2f} (t=0), '
                    f'{cells[(task, draft, 1.0)]:.2f} (t=1)'
@@ -31,20 +33,20 @@ def _alpha(d):
                    if (task, draft, 0.0) in cells and (task, draft, 1.0) in cells)
 
 
-def _models(d):
+def models(d):
   s = d['scores']
   return (f"target BLEU {s['ende/demo_target']['bleu']:.1f} / ROUGE-1 "
           f"{s['summarize/demo_target']['rouge1']:.1f}; draft_m "
           f"{s['ende/demo_draft_m']['bleu']:.1f} / {s['summarize/demo_draft_m']['rouge1']:.1f}")
 
 
-def _decode_costs(d):
+def decode_costs(d):
   b = d['baselines']['t5x']
   return f"our AR {_x(b['ours_speed_ratio'])} stock T5X predict_batch (same tokens: " \
          f"{b['same_tokens_as_ours']})"
 
 
-def _cpu_kernels(d):
+def cpu_kernels(d):
   costs = {c['mode']: c for c in d['costs']}
   xla, packed = costs['xla'], costs['packed']
   f32 = costs.get('packed f32')
@@ -54,7 +56,7 @@ def _cpu_kernels(d):
           f"{_x(d['ar_speedup_packed_vs_xla'])} faster")
 
 
-def _peers(d):
+def peers(d):
   s = d['systems']
   out = (f"ours AR {_x(s['ours_ar_greedy']['speed_vs_hf_greedy'])} HF greedy; ours "
          f"speculative {_x(s['ours_spec_greedy']['speed_vs_hf_greedy'] / s['hf_assisted_greedy']['speed_vs_hf_greedy'])} "
@@ -69,7 +71,7 @@ def _peers(d):
   return out
 
 
-def _feature_draft(d):
+def feature_draft(d):
   rows = {(r['task'], r['temperature'], r['draft'], r['gamma']): r for r in d['acceptance']}
   name = d['args'].get('head', 'demo_feature_head')
   head, draft = rows.get(('ende', 0.0, name, 3)), rows.get(('ende', 0.0, 'demo_draft_m', 3))
@@ -81,7 +83,7 @@ def _feature_draft(d):
           f"{d['c'][name]:.3f} vs {d['c']['demo_draft_m']:.3f}")
 
 
-def _confidence(d):
+def confidence(d):
   parts = []
   for task, t in d['tables'].items():
     flat = t['buckets'][0]
@@ -92,7 +94,7 @@ def _confidence(d):
   return '; '.join(parts)
 
 
-def _speedup(d):
+def speedup(d):
   parts = []
   for g in d['groups']:
     best = {name: max(v['rows'], key=lambda r: r['speedup_measured'])
@@ -102,7 +104,7 @@ def _speedup(d):
   return '; '.join(parts)
 
 
-def _efficiency_e2e(d):
+def efficiency_e2e(d):
   return '; '.join(
       f"{g['task']} t={g['temperature']:g} {name}: eff. e2e " + '/'.join(
           f"{r['efficiency_end_to_end']:.2f}" for r in v['rows'])
@@ -111,7 +113,7 @@ def _efficiency_e2e(d):
       for g in d['groups'] for name, v in g['drafts'].items())
 
 
-def _block(d):
+def block(d):
   """Precise tokens per call, each block-verified decode over its token-wise twin."""
   rows = {(r['task'], r['decode']): r for r in d['results']}
   gain = lambda r: r['tpc_precise'] / rows[r['task'], r['decode'].replace('+block', '')][
@@ -121,7 +123,7 @@ def _block(d):
                        ' tokens per call, block over token (t=1)')
 
 
-def _best_of(key):
+def best_of(key):
   def headline(d):
     rows = [r for r in d['results'] if r.get(key) is not None and r.get(key) != 1.0]
     best = max(rows, key=lambda r: r[key])
@@ -132,7 +134,7 @@ def _best_of(key):
   return headline
 
 
-def _loop_efficiency(d):
+def loop_efficiency(d):
   parts, drafts = [], set()
   for matmul, res in d['matmuls'].items():
     rows = [r for g in res['groups'] for r in g['rows'] if r['draft'] != 'self']
@@ -155,7 +157,7 @@ def _said(alpha):
   return 'out of reach' if alpha is None else f'{alpha:.2f}'
 
 
-def _ceiling(d):
+def ceiling(d):
   need = {k: v['1.3x']['end_to_end'] for k, v in d['alpha_needed'].items()}
   head = 'demo_feature_head_kd'
   now = max((r for r in d['loops'] if r['draft'] == head), key=lambda r: r['speedup_measured'])
@@ -165,7 +167,7 @@ def _ceiling(d):
           f"{now['alpha_iid']:.2f}, {_x(now['speedup_measured'])} at gamma {now['gamma']}")
 
 
-def _tree(d):
+def tree(d):
   """Greedy tokens per target call: each task's best chain and best tree."""
   parts = []
   for task in dict.fromkeys(r['task'] for r in d['results']):
@@ -180,7 +182,7 @@ def _tree(d):
   return 'greedy tokens per target call, best of each: ' + '; '.join(parts)
 
 
-def _dynamic_tree(d):
+def dynamic_tree(d):
   """Greedy tokens per target call: per task, the dynamic tree that gains most over the
   chain verifying as many positions."""
   parts = []
@@ -204,7 +206,7 @@ def _tpc(r):
   return r.get('tpc_precise') or r['mean_tokens_per_target_call']
 
 
-def _sampled_tree(d):
+def sampled_tree(d):
   """Tokens per target call at t = 1 (the precise count): per task, the drawn tree that
   gains most over the chain of as many draft calls; and the drawn trees over the top-W
   trees of their shapes."""
@@ -222,7 +224,7 @@ def _sampled_tree(d):
           f'{min(over_top):.2f}-{max(over_top):.2f}x')
 
 
-def _head_tree(d):
+def head_tree(d):
   """Greedy tokens per target call (the precise count): per task, the head's best tree
   against every single-kind chain of as many verified positions."""
   parts = []
@@ -238,7 +240,7 @@ def _head_tree(d):
           'of as many positions: ' + '; '.join(parts))
 
 
-def _head_dynamic_tree(d):
+def head_dynamic_tree(d):
   """Tokens per target call (the precise count), greedy and t = 1: per task, the head's
   dynamic tree that gains most over its chain of as many verified positions."""
   parts = []
@@ -259,7 +261,7 @@ def _head_dynamic_tree(d):
           'as many positions: ' + '; '.join(parts))
 
 
-def _tree_bound(d):
+def tree_bound(d):
   """Per task and draft, at 4 verified positions: the best static tree (siblings, searched,
   with a copy branch, or with copy and n-gram branches) and the dynamic bound, over the
   chain."""
@@ -276,12 +278,12 @@ def _tree_bound(d):
           'the chain: ' + ', '.join(parts))
 
 
-def _batch(d):
+def batch(d):
   return ', '.join(f"batch {r['batch']} gamma {r['gamma']}: {_x(r['speedup_vs_ar'])}"
                    for r in d['rows'] if r['gamma'] is not None)
 
 
-def _compiled(d):
+def compiled(d):
   """The accelerator prediction and its error on the paper's own Table 2 rows."""
   rows = d['table2']
   pred = [r['predicted']['TPU v4 x1']['speedup'] for r in rows]
@@ -293,7 +295,7 @@ def _compiled(d):
           f"is off by {statistics.mean(err):.2f}x on average, {max(err):.2f}x at most")
 
 
-def _cost_curve(d):
+def cost_curve(d):
   """Per size, a 4-position call over a one-token step in the default kernel mode
   (float32 'packed', else the bfloat16 form timed), and where the paper's pair pays."""
   by_size: Dict[str, Dict[str, Any]] = {}
@@ -313,7 +315,7 @@ def _cost_curve(d):
           f"{where} up")
 
 
-def _tree_budget(d):
+def tree_budget(d):
   """Greedy tokens per target call per task: at each number of verified positions, the
   best tree over the draft's chain of as many; and the mixed tree (a dynamic tree with a
   copy branch) that gains most over the best single-kind chain of its positions."""
@@ -340,24 +342,3 @@ def _tree_budget(d):
     parts.append(f'{task}: {text}')
   return ('greedy tokens per target call, the best tree over the chain of as many verified '
           'positions: ' + '; '.join(parts))
-
-
-HEADLINES: Dict[str, Callable[[Dict[str, Any]], str]] = {
-    'demo_speedup_runs': _demo_runs, 'demo_draft_m_runs': _demo_runs,
-    'demo_bf16_runs': _demo_runs,
-    'feature_draft': _feature_draft, 'agreement_by_confidence': _confidence,
-    'speedup_ceiling': _ceiling,
-    'alpha_demo': _alpha, 'demo_models': _models,
-    'speedup_demo': _speedup, 'speedup_table_ende12': _efficiency_e2e, 'decode_costs': _decode_costs,
-    'decode_costs_bf16': _decode_costs, 'cpu_kernels': _cpu_kernels,
-    'peers': _peers, 'block_verification': _block,
-    'adaptive_gamma': _best_of('speedup_vs_ar'), 'copy_draft': _best_of('speedup_vs_ar'), 'tree': _tree,
-    'tree_bound': _tree_bound, 'dynamic_tree': _dynamic_tree, 'sampled_tree': _sampled_tree,
-    'head_tree': _head_tree, 'head_dynamic_tree': _head_dynamic_tree,
-    'tree_budget': _tree_budget,
-    'batch_throughput': _batch, 'lenience': _best_of('speedup_vs_ar'),
-    'loop_efficiency': _loop_efficiency, 'loop_efficiency_batch8': _loop_efficiency,
-    'loop_efficiency_t5_1_1_small': _loop_efficiency,
-    'loop_efficiency_t5_1_1_base': _loop_efficiency,
-    'compiled_table2': _compiled, 'cpu_cost_curve': _cost_curve,
-}

@@ -1,10 +1,12 @@
 """Walltime speedup vs gamma at batch size 1 (paper Table 2), with theory and efficiency.
 
   # The demo family: tasks x drafts x temperatures, gamma swept (CPU-sized):
-  flock /tmp/specdec_bench.lock python scripts/speedup_table.py --num_examples 12 \
-      --gammas 1,2,3,4,6          # results/speedup_demo.* (needs results/alpha_demo.json)
+  flock /tmp/specdec_bench.lock python scripts/compare_decodes.py \
+      --experiment=speedup_table --num_examples 12 --gammas 1,2,3,4,6
+      # results/speedup_demo.* (needs results/alpha_demo.json)
   # A paper row, its run file unchanged (gamma swept as --gin.GAMMA would set it):
-  python scripts/speedup_table.py --gin_file=configs/spec_t5_small_xxl.gin \
+  python scripts/compare_decodes.py --experiment=speedup_table \
+      --gin_file=configs/spec_t5_small_xxl.gin \
       --gin.TARGET_CHECKPOINT="'/ckpt/xxl/checkpoint_1000000'" \
       --gin.DRAFT_CHECKPOINT="'/ckpt/small/checkpoint_1000000'" --gammas 3,5,7
 
@@ -20,8 +22,7 @@ Writes {--out}.json, {--out}.md and {--out}_{task}.png.
 
 from __future__ import annotations
 
-import sys
-from typing import List
+from typing import List, Optional, Sequence
 
 from tqdm import tqdm
 
@@ -123,8 +124,11 @@ def plot(report: harness.Report) -> List[str]:
   return paths
 
 
-def main(argv=None):
-  ap = harness.parser(__doc__, harness.results_path(__file__, 'speedup_demo'), repeats=3)
+def main(argv: Sequence[str], script: str, recorded: Optional[Sequence[str]] = None):
+  """Measures with this module's flags `argv` and writes the report; `script` is the entry
+  point (scripts/compare_decodes.py: results/ beside it, its name in the command) and
+  `recorded` the command's flags (default argv)."""
+  ap = harness.parser(__doc__, harness.results_path(script, 'speedup_demo'), repeats=3)
   ap.add_argument('--gin_file', action='append', default=[])
   ap.add_argument('--gin_bindings', action='append', default=[])
   ap.add_argument('--target', default='demo_target')
@@ -137,11 +141,11 @@ def main(argv=None):
   ap.add_argument('--cost_calls', type=int, default=32, help='decoder calls per cost timing')
   ap.add_argument('--cost_repeats', type=int, default=7, help='interleaved cost repeats')
   ap.add_argument('--seed', type=int, default=0)
-  ap.add_argument('--alpha_json', default=harness.results_path(__file__, 'alpha_demo.json'),
+  ap.add_argument('--alpha_json', default=harness.results_path(script, 'alpha_demo.json'),
                   help='measure_alpha output; its alpha drives theory (else: fit)')
-  args = ap.parse_args(infer.rewrite_gin_args(sys.argv[1:] if argv is None else argv))
+  args = ap.parse_args(infer.rewrite_gin_args(list(argv)))
   gammas = harness.ints(args.gammas) if args.gammas else None
-  report = harness.Report(__file__, args, argv)
+  report = harness.Report(script, args, argv if recorded is None else recorded)
   if args.gin_file:
     report['groups'] = run_gin(args, gammas)
   else:
@@ -150,7 +154,3 @@ def main(argv=None):
   report['plots'] = plot(report)
   print(text)
   return report.data
-
-
-if __name__ == '__main__':
-  main()

@@ -1,6 +1,6 @@
 r"""The feature-reading draft head against the small draft model, on the demo family.
 
-  flock /tmp/specdec_bench.lock python scripts/feature_draft_table.py \
+  flock /tmp/specdec_bench.lock python scripts/compare_decodes.py --experiment=feature_draft \
       [--num_examples 32] [--timed_examples 24] [--gammas 1,2,3,4,5,6,7]
 
 Run from the repository root on an idle machine. Three parts, one process:
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+from typing import Optional, Sequence
 from tqdm import tqdm
 
 from specdec_t5x.algorithm import api, batching, sampling, timing
@@ -88,8 +89,11 @@ def by_length(target, drafts, head, n, max_len, gammas, repeats):
   return groups, covered
 
 
-def main(argv=None):
-  ap = harness.parser(__doc__, harness.results_path(__file__, 'feature_draft'), repeats=3)
+def main(argv: Sequence[str], script: str, recorded: Optional[Sequence[str]] = None):
+  """Measures with this module's flags `argv` and writes the report; `script` is the entry
+  point (scripts/compare_decodes.py: results/ beside it, its name in the command) and
+  `recorded` the command's flags (default argv)."""
+  ap = harness.parser(__doc__, harness.results_path(script, 'feature_draft'), repeats=3)
   ap.add_argument('--num_examples', type=int, default=32)
   ap.add_argument('--timed_examples', type=int, default=24)
   ap.add_argument('--gammas', type=harness.ints, default=[1, 2, 3, 4, 5, 6, 7])
@@ -115,7 +119,7 @@ def main(argv=None):
                                       cache_len=args.max_len + max(args.timed_gammas) + 1))
   groups, covered = by_length(target, drafts['ende'], head, args.timed_examples, args.max_len,
                               args.timed_gammas, args.repeats)
-  report = harness.Report(__file__, args, argv)
+  report = harness.Report(script, args, argv if recorded is None else recorded)
   c = {name: cost[f't_draft_step_{name}'] / cost['t_target_step'] for name in (head, DRAFT)}
   vocab = drafts['ende'][head][0].config.output_vocab_size
   report.data.update(acceptance=rows, costs_s=cost, c=c, by_length=groups,
@@ -152,7 +156,3 @@ def main(argv=None):
          'ideal.']
   report.write(md)
   print('\n'.join(md))
-
-
-if __name__ == '__main__':
-  main()

@@ -1,7 +1,8 @@
 """The most tokens per target call static draft trees could give a draft, greedy.
 
-  python scripts/tree_bound.py [--drafts=demo_draft_m,demo_draft_s] [--tasks=ende,summarize]
-      [--ngram=bigram] [--num_examples=64] [--max_len=48] [--max_nodes=8] [--search_nodes=5]
+  python scripts/compare_decodes.py --experiment=tree_bound \
+      [--drafts=demo_draft_m,demo_draft_s] [--tasks=ende,summarize] [--ngram=bigram] \
+      [--num_examples=64] [--max_len=48] [--max_nodes=8] [--search_nodes=5]
 
 For each task: the demo target's greedy outputs for the first --num_examples test inputs,
 each draft teacher-forced on them, the rank of every target token among the draft's
@@ -22,21 +23,21 @@ from __future__ import annotations
 
 import json
 import os
-from typing import List
+from typing import List, Optional, Sequence
 
 import numpy as np
 from tqdm import tqdm
 
 from specdec_t5x.algorithm import batching, sampling
-from specdec_t5x.research.measure import evaluation, experiments, tree_bound
+from specdec_t5x.research.measure import compare, evaluation, tree_bound
 from specdec_t5x.research.results import harness
 
-MEASURED = harness.results_path(__file__, 'tree') + '.json'  # its greedy decodes, replayed
 
-
-def measure(args) -> dict:
+def measure(args, tree_json: str) -> dict:
+  """The cells of every (task, draft), with results/tree.json's (`tree_json`) greedy decodes
+  replayed beside them."""
   target = evaluation.load_model('demo_target')
-  measured, cells = _measured(), []
+  measured, cells = _measured(tree_json), []
   jobs = [(task, d) for task in args.tasks.split(',') for d in args.drafts.split(',')]
   bar = tqdm(total=len(jobs), desc='ranks', unit='pair')
   for task in args.tasks.split(','):
@@ -104,12 +105,12 @@ def _mixed(rows, copied, picked, n: int) -> dict:
           'ngram_alone': tree_bound.decode_value(picked, tree_bound.chain(n))}
 
 
-def _measured() -> dict:
-  """The greedy decodes that results/tree.json measured with its default draft, and its
-  rows and max_len ({} when it is missing)."""
-  if not os.path.exists(MEASURED):
+def _measured(path: str) -> dict:
+  """The greedy decodes that results/tree.json (`path`) measured with its default draft, and
+  its rows and max_len ({} when it is missing)."""
+  if not os.path.exists(path):
     return {}
-  data = json.load(open(MEASURED))
+  data = json.load(open(path))
   decodes = [{'task': r['task'], 'decode': r['decode'],
               'tokens_per_call': r['mean_tokens_per_target_call']} for r in data['results']
              if r['temperature'] == 0 and r['decode'] != 'AR' and '@' not in r['decode']]
@@ -125,7 +126,7 @@ def _replayed(measured: dict, task: str, rows, copied, max_len: int) -> List[dic
   for m in measured['decodes']:
     if m['task'] != task:
       continue
-    settings, _ = experiments.parse_decode(m['decode'])
+    settings, _ = compare.parse_decode(m['decode'])
     nodes = tree_bound.siblings(settings['gamma'], settings.get('draft_siblings', ()))
     c = settings.get('copy_branch', 0)
     first = slice(0, measured['rows'])
@@ -196,8 +197,11 @@ def _mixed_cell(mixed, chain: float) -> str:
           f"b{s['ngram_branch']}, {mixed['tokens_per_call'] / chain:.3f}x)")
 
 
-def main(argv=None):
-  ap = harness.parser(__doc__, harness.results_path(__file__, 'tree_bound'))
+def main(argv: Sequence[str], script: str, recorded: Optional[Sequence[str]] = None):
+  """Measures with this module's flags `argv` and writes the report; `script` is the entry
+  point (scripts/compare_decodes.py: results/ beside it, its name in the command) and
+  `recorded` the command's flags (default argv)."""
+  ap = harness.parser(__doc__, harness.results_path(script, 'tree_bound'))
   ap.add_argument('--drafts', default='demo_draft_m,demo_draft_s')
   ap.add_argument('--tasks', default='ende,summarize')
   ap.add_argument('--ngram', default='bigram', choices=evaluation.NGRAMS,
@@ -209,11 +213,7 @@ def main(argv=None):
   ap.add_argument('--max_nodes', type=int, default=8)
   ap.add_argument('--search_nodes', type=int, default=5)
   args = ap.parse_args(argv)
-  report = harness.Report(__file__, args, argv)
-  report.data.update(measure(args))
+  report = harness.Report(script, args, argv if recorded is None else recorded)
+  report.data.update(measure(args, harness.results_path(script, 'tree') + '.json'))
   print(report.write(render(report)))
   return report.data
-
-
-if __name__ == '__main__':
-  main()

@@ -2,8 +2,8 @@
 bfloat16 panels (the default for weights bfloat16 holds exactly, as the demo family's,
 restored from bfloat16 checkpoints) and float32 panels (DecodeConfig.cpu_kernels='packed_f32').
 
-  flock /tmp/specdec_bench.lock python scripts/bench_cpu_kernels.py [--rows=40] \
-      [--gamma=3] [--max_len=64] [--repeats=5]
+  flock /tmp/specdec_bench.lock python scripts/compare_decodes.py --experiment=cpu_kernels \
+      [--rows=40] [--gamma=3] [--max_len=64] [--repeats=5]
 
 Run on an idle machine. Three measurements, each with XLA's dot and with the packed kernel's
 float32 and bfloat16 panels:
@@ -25,6 +25,7 @@ Writes results/cpu_kernels.{json,md}.
 from __future__ import annotations
 
 import json
+from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -43,8 +44,11 @@ def kernels(mode: str):
   return cpu_kernels.default_mode_as(MODES[mode])
 
 
-def main(argv=None):
-  ap = harness.parser(__doc__, harness.results_path(__file__, 'cpu_kernels'), repeats=5)
+def main(argv: Sequence[str], script: str, recorded: Optional[Sequence[str]] = None):
+  """Measures with this module's flags `argv` and writes the report; `script` is the entry
+  point (scripts/compare_decodes.py: results/ beside it, its name in the command) and
+  `recorded` the command's flags (default argv)."""
+  ap = harness.parser(__doc__, harness.results_path(script, 'cpu_kernels'), repeats=5)
   ap.add_argument('--rows', type=int, default=40)
   ap.add_argument('--gamma', type=int, default=3)
   ap.add_argument('--max_len', type=int, default=64)
@@ -95,7 +99,7 @@ def main(argv=None):
     sizes.append(row)
     print(json.dumps(row), flush=True)
 
-  report = harness.Report(__file__, args, argv)
+  report = harness.Report(script, args, argv if recorded is None else recorded)
   report.data.update(costs=cost_rows, decodes=results, speculative_speedup=e2e, sizes=sizes,
                      ar_speedup_packed_vs_xla=results['AR packed']['speedup_vs_ar'])
   report.write(report.header(
@@ -130,6 +134,3 @@ def main(argv=None):
                     [[r['size']] + [x for mode in MODES for x in (
                         f"{r[mode]['t_target_step']:.2f}", f"{r[mode][verify]:.2f}",
                         f"{r[f'r_{mode}']:.2f}")] for r in sizes], 'l' + 'rrr' * len(MODES)))
-
-if __name__ == '__main__':
-  main()

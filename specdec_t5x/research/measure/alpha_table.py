@@ -1,7 +1,8 @@
 """alpha of each draft for the demo target, the paper's way (Table 3), plus empirical rates.
 
-  python scripts/measure_alpha.py                                   # 10K tokens per cell
-  python scripts/measure_alpha.py --num_tokens 2000 --spec_examples 32   # results/alpha_demo.*
+  python scripts/compare_decodes.py --experiment=alpha_demo    # 10K tokens per cell
+  python scripts/compare_decodes.py --experiment=alpha_demo --num_tokens 2000 \
+      --spec_examples 32                                      # results/alpha_demo.*
 
 For each task (ende, summarize) and sampling (t=0, t=1): decodes test inputs with the
 demo target alone until --num_tokens target tokens exist, teacher-forces the target and
@@ -15,7 +16,7 @@ Writes results/alpha_demo.json and results/alpha_demo.md.
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional, Sequence
 
 import numpy as np
 from tqdm import tqdm
@@ -100,8 +101,11 @@ def render(report: harness.Report) -> List[str]:
         ' '.join(map(str, c['beta_histogram']['counts']))] for c in cells])
 
 
-def main(argv=None):
-  ap = harness.parser(__doc__, harness.results_path(__file__, 'alpha_demo'))
+def main(argv: Sequence[str], script: str, recorded: Optional[Sequence[str]] = None):
+  """Measures with this module's flags `argv` and writes the report; `script` is the entry
+  point (scripts/compare_decodes.py: results/ beside it, its name in the command) and
+  `recorded` the command's flags (default argv)."""
+  ap = harness.parser(__doc__, harness.results_path(script, 'alpha_demo'))
   ap.add_argument('--target', default='demo_target')
   ap.add_argument('--drafts', default='demo_draft_m,demo_draft_s,unigram,bigram')
   ap.add_argument('--tasks', default='ende,summarize')
@@ -118,11 +122,7 @@ def main(argv=None):
   ap.add_argument('--bins', type=int, default=10)
   ap.add_argument('--seed', type=int, default=0)
   args = ap.parse_args(argv)
-  report = harness.Report(__file__, args, argv)
+  report = harness.Report(script, args, argv if recorded is None else recorded)
   report.data.update(measure(args))
   print(report.write(render(report)))
   return report.data
-
-
-if __name__ == '__main__':
-  main()

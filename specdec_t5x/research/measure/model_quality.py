@@ -1,12 +1,14 @@
 """Quality of each demo model on the committed test samples (greedy, target-only).
 
-  python scripts/eval_demo_models.py [--num_examples 300]
+  python scripts/compare_decodes.py --experiment=demo_models [--num_examples 300]
 
 Decodes data/demo/{ende,summarize}_test.tsv with demo_target, demo_draft_m and
 demo_draft_s alone (greedy, 64 tokens) and scores BLEU (ende) / ROUGE (summarize).
 Writes results/demo_models.json and results/demo_models.md, the latter with the alpha
-rows of results/alpha_demo.json (scripts/measure_alpha.py) beside the scores.
+rows of results/alpha_demo.json (compare_decodes.py --experiment=alpha_demo) beside the scores.
 """
+
+from typing import Optional, Sequence
 
 from tqdm import tqdm
 
@@ -18,10 +20,13 @@ MODELS = ('demo_target', 'demo_draft_m', 'demo_draft_s')
 PARAMS = {'demo_target': '15.8M', 'demo_draft_m': '2.2M', 'demo_draft_s': '0.67M'}
 
 
-def main(argv=None):
-  ap = harness.parser(__doc__, harness.results_path(__file__, 'demo_models'))
+def main(argv: Sequence[str], script: str, recorded: Optional[Sequence[str]] = None):
+  """Measures with this module's flags `argv` and writes the report; `script` is the entry
+  point (scripts/compare_decodes.py: results/ beside it, its name in the command) and
+  `recorded` the command's flags (default argv)."""
+  ap = harness.parser(__doc__, harness.results_path(script, 'demo_models'))
   ap.add_argument('--num_examples', type=int, default=300)
-  ap.add_argument('--alpha_json', default=harness.results_path(__file__, 'alpha_demo.json'),
+  ap.add_argument('--alpha_json', default=harness.results_path(script, 'alpha_demo.json'),
                   help='measure_alpha output, shown beside the scores when present')
   args = ap.parse_args(argv)
   scores = {}
@@ -31,7 +36,7 @@ def main(argv=None):
       outs = evaluation.target_outputs(evaluation.load_model(name), enc,
                                        sampling.SamplingConfig(0.0), max_len=64, batch=32)
       scores[f'{task}/{name}'] = demo_data.quality(task, refs, demo_data.texts(sp, outs))
-  report = harness.Report(__file__, args, argv)
+  report = harness.Report(script, args, argv if recorded is None else recorded)
   report.data.update(num_examples=args.num_examples, scores=scores)
   lines = report.header('Demo family quality on the committed test samples',
                         f'Greedy, target-only, {args.num_examples} examples per task.')
@@ -45,7 +50,7 @@ def main(argv=None):
             'where the command, token counts and per-position alphas are):', '']
   cells = demo_data.alpha_cells(args.alpha_json)
   if not cells:
-    lines.append('(not measured yet: run scripts/measure_alpha.py)')
+    lines.append('(not measured yet: run scripts/compare_decodes.py --experiment=alpha_demo)')
   else:
     alpha = {(c['draft'], c['task'], c['temperature']): c['alpha'] for c in cells}
     lines += harness.table(
@@ -53,7 +58,3 @@ def main(argv=None):
         [[d] + [harness.fmt(alpha.get((d, t, temp))) for t in ('ende', 'summarize')
                 for temp in (0.0, 1.0)] for d in dict.fromkeys(c['draft'] for c in cells)])
   print(report.write(lines))
-
-
-if __name__ == '__main__':
-  main()

@@ -1,7 +1,8 @@
 """Batched throughput: speculative (demo_target + demo_draft_m, greedy) vs AR at batch 1..64.
 
-  flock /tmp/specdec_bench.lock python scripts/bench_batch.py [--batches=1,4,16,64] \
-      [--gammas=2,4] [--max_len=32] [--task=ende] [--repeats=2]
+  flock /tmp/specdec_bench.lock python scripts/compare_decodes.py \
+      --experiment=batch_throughput [--batches=1,4,16,64] [--gammas=2,4] [--max_len=32] \
+      [--task=ende] [--repeats=2]
 
 Takes the demo checkpoints (checkpoints/demo/) and data/demo/{task}_test.tsv; prints one
 line per (batch, method) and writes results/batch_throughput.{json,md,png}: tokens/s
@@ -13,6 +14,7 @@ tokens per target call, and whether every row of a batch equals its batch-1 outp
 from __future__ import annotations
 
 import json
+from typing import Optional, Sequence
 
 from specdec_t5x.research.measure import demo_data, evaluation, speed
 from specdec_t5x.research.results import harness
@@ -32,8 +34,11 @@ COST_MODEL = (
     'waste there. The table shows where that crossover lies for this model pair.')
 
 
-def main(argv=None):
-  ap = harness.parser(__doc__, harness.results_path(__file__, 'batch_throughput'), repeats=2)
+def main(argv: Sequence[str], script: str, recorded: Optional[Sequence[str]] = None):
+  """Measures with this module's flags `argv` and writes the report; `script` is the entry
+  point (scripts/compare_decodes.py: results/ beside it, its name in the command) and
+  `recorded` the command's flags (default argv)."""
+  ap = harness.parser(__doc__, harness.results_path(script, 'batch_throughput'), repeats=2)
   ap.add_argument('--batches', default='1,4,16,64')
   ap.add_argument('--gammas', default='2,4')
   ap.add_argument('--max_len', type=int, default=32)
@@ -45,7 +50,7 @@ def main(argv=None):
   rows = speed.batch_throughput(target, draft, enc, batches, harness.ints(args.gammas),
                                      args.max_len, args.repeats,
                                      report=lambda row: print(json.dumps(row), flush=True))
-  report = harness.Report(__file__, args, argv)
+  report = harness.Report(script, args, argv if recorded is None else recorded)
   report.data.update(task=args.task, max_len=args.max_len, rows=rows)
   report.write(report.header(
       'Batched throughput: speculative vs autoregressive',
@@ -58,7 +63,3 @@ def main(argv=None):
     fig, ax = plt.subplots(figsize=(5, 3.5))
     demo_data.throughput_plot(ax, rows)
     report.save_figure(fig, dpi=120)
-
-
-if __name__ == '__main__':
-  main()

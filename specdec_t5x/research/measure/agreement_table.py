@@ -1,7 +1,7 @@
 r"""Greedy agreement of each draft with the demo target, by the target's top-1 probability.
 
-  python scripts/agreement_by_confidence.py [--drafts demo_feature_head_kd,demo_draft_m] \
-      [--num_examples 64]
+  python scripts/compare_decodes.py --experiment=agreement_by_confidence \
+      [--drafts demo_feature_head_kd,demo_draft_m] [--num_examples 64]
 
 For each demo task, the target decodes the first --num_examples test inputs greedily; every
 output position is put in a bucket by the target's top-1 probability there, and each draft's
@@ -12,6 +12,7 @@ Deterministic counts, no timing. Writes results/agreement_by_confidence.{json,md
 
 from __future__ import annotations
 
+from typing import Optional, Sequence
 from specdec_t5x.algorithm import batching
 from specdec_t5x.research.measure import confidence, evaluation
 from specdec_t5x.research.results import harness
@@ -19,8 +20,11 @@ from specdec_t5x.research.results import harness
 TARGET = 'demo_target'
 
 
-def main(argv=None):
-  ap = harness.parser(__doc__, harness.results_path(__file__, 'agreement_by_confidence'))
+def main(argv: Sequence[str], script: str, recorded: Optional[Sequence[str]] = None):
+  """Measures with this module's flags `argv` and writes the report; `script` is the entry
+  point (scripts/compare_decodes.py: results/ beside it, its name in the command) and
+  `recorded` the command's flags (default argv)."""
+  ap = harness.parser(__doc__, harness.results_path(script, 'agreement_by_confidence'))
   ap.add_argument('--drafts', type=lambda s: s.split(','),
                   default=['demo_feature_head_kd', 'demo_draft_m'])
   ap.add_argument('--tasks', type=lambda s: s.split(','), default=['ende', 'summarize'])
@@ -34,7 +38,7 @@ def main(argv=None):
                                                                          args.num_examples)])
     drafts = {name: evaluation.load_model(name, task) for name in args.drafts}
     tables[task] = confidence.agreement_table(target, drafts, enc, args.max_len)
-  report = harness.Report(__file__, args, argv)
+  report = harness.Report(script, args, argv if recorded is None else recorded)
   report.data.update(tables=tables)
   md = report.header(
       'Greedy agreement with the target, by how sure the target is (demo family)',
@@ -50,7 +54,3 @@ def main(argv=None):
              'order.)']
   report.write(md)
   print('\n'.join(md))
-
-
-if __name__ == '__main__':
-  main()
