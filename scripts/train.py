@@ -1,4 +1,5 @@
-r"""Trains T5 v1.1-style demo models with teacher forcing on the pre-tokenised corpus.
+r"""Trains the demo models: T5 v1.1-style models (teacher forcing on the pre-tokenised corpus)
+or, with --head, a feature-reading draft head for a frozen target.
 
   python scripts/train.py --model demo_target --data data/corpus/npz \
       --workdir runs/demo_target --steps 20000 --batch_size 128 --max_seconds 300
@@ -19,16 +20,71 @@ trains into runs/demo/<model>/ and exports bf16 params to
 checkpoints/demo/<model>/checkpoint_<step>/ with a config.json (T5Config fields).
 `--steps auto` fits the cosine schedule to the time budget. `--init_from DIR` starts a
 fresh run from a checkpoint's params (continued training, or fine-tuning a draft on the
-distilled data of scripts/distill_data.py).
+distilled data of `scripts/build_data.py distill`).
+
+--head: trains a feature-reading draft head (EAGLE-style) for a frozen target, and exports it.
+
+  # the demo target's head (checkpoints/demo/demo_feature_head; ~75 min on 2 CPU cores):
+  python scripts/train.py --head --target checkpoints/demo/demo_target \
+      --data data/corpus/npz --workdir runs/demo_feature_head --steps 4000 \
+      --mixing_rates ende=3,summarize=1 --export checkpoints/demo/demo_feature_head \
+      --vocab data/vocab/demo_spm.model
+  # checkpoints/demo/demo_feature_head_4k: logits over the 4096 commonest target ids,
+  # fine-tuned from the head above (61 min):
+  python scripts/train.py --head --target checkpoints/demo/demo_target \
+      --data data/corpus/npz --workdir runs/demo_feature_head_ft --steps 3000 \
+      --learning_rate 1e-3 --mixing_rates ende=3,summarize=1 --draft_vocab_size 4096 \
+      --init_from checkpoints/demo/demo_feature_head \
+      --export checkpoints/demo/demo_feature_head_4k --vocab data/vocab/demo_spm.model
+  # checkpoints/demo/demo_feature_head_kd (the draft of configs/demo.gin): that
+  # head, 2000 more steps over the target's own greedy outputs (36k EN->DE + 12k
+  # summarisation inputs, distilled as `scripts/build_data.py distill` says, ~33 min), every
+  # decoder position (58 min):
+  python scripts/train.py --head --target checkpoints/demo/demo_target \
+      --data data/corpus/distill_npz --workdir runs/demo_feature_head_kd --steps 2000 \
+      --learning_rate 1e-3 --max_target_len 0 --mixing_rates ende=3,summarize=1 \
+      --draft_vocab_from checkpoints/demo/demo_feature_head_4k \
+      --init_from checkpoints/demo/demo_feature_head_4k \
+      --export checkpoints/demo/demo_feature_head_kd --vocab data/vocab/demo_spm.model
+  # checkpoints/demo/demo_feature_head_fused: that head also reading the target's decoder
+  # layers 0 and 2 (EAGLE-3's fusion; their weights start at zero), 1500 more steps (69 min):
+  python scripts/train.py --head --target checkpoints/demo/demo_target \
+      --data data/corpus/distill_npz --workdir runs/demo_feature_head_fused --steps 1500 \
+      --learning_rate 1e-3 --max_target_len 0 --mixing_rates ende=3,summarize=1 \
+      --feature_layers 0,2 --eval_every 250 \
+      --draft_vocab_from checkpoints/demo/demo_feature_head_kd \
+      --init_from checkpoints/demo/demo_feature_head_kd \
+      --export checkpoints/demo/demo_feature_head_fused --vocab data/vocab/demo_spm.model
+
+trains on the corpus's sentences teacher forced through the target, against the target's
+own distribution at every position (research/train/feature_head.py: soft cross-entropy over
+`--passes` self-fed passes, plus the feature regression), printing a tqdm bar. With
+--data pointing at `scripts/build_data.py distill`'s output the contexts are the target's own
+greedy outputs instead (as for the distilled drafts); the soft labels are the target's
+either way. `--draft_vocab_size N` gives the head logits over the data targets' N
+commonest ids only (EAGLE-3's reduced draft vocabulary: a cheaper draft call; the other
+ids are never drafted, and exactness does not depend on it); `--init_from` starts from an
+exported head (its output layer's columns picked for those ids). It writes
+`<workdir>/checkpoint_<step>/` (Orbax: params, optimizer state, data cursors),
+`config.json` and `log.jsonl` (train loss, per-pass
+cross-entropy and argmax agreement with the target, validation records). Rerunning with
+the same --workdir resumes. `--export` writes the head as a model directory (bfloat16
+T5X checkpoint + config.json with "kind": "feature_draft" + vocabulary.json), which gin
+files name as DRAFT_CHECKPOINT with DRAFT_CONFIG = @feature_draft.FeatureDraftConfig().
+Prints the end record as one JSON line.
 """
 
 import argparse
 import json
 import os
+import sys
 
+from specdec_t5x.algorithm import feature_draft
 from specdec_t5x.integration import model_dir
 from specdec_t5x.research.results import harness
 from specdec_t5x.research.train import config as train_config, loop as training
+from specdec_t5x.research.train import feature_head as feature_train
+from specdec_t5x.research.train.config import TrainConfig
 
 
 def _value(text: str):
@@ -91,7 +147,8 @@ def parse(argv=None) -> argparse.Namespace:
   return p.parse_args(argv)
 
 
-def main(argv=None) -> list:
+def train_models(argv=None) -> list:
+  """Trains each --model in turn; returns their summaries."""
   args = parse(argv)
   names = args.model.split(',')
   n = len(names)
@@ -120,6 +177,98 @@ def main(argv=None) -> list:
     summaries.append({'model': name, 'params': train_config.num_params(params), **summary})
     print(json.dumps(summaries[-1]), flush=True)
   return summaries
+
+
+def _layers(text: str) -> tuple:
+  try:
+    return tuple(int(item) for item in text.split(',') if item.strip())
+  except ValueError:
+    raise argparse.ArgumentTypeError(f'expected comma-separated layer indices, got {text!r}')
+
+
+def train_head(argv=None) -> dict:
+  """Trains (and exports) one feature head; returns its end record."""
+  p = argparse.ArgumentParser(prog='train.py --head',
+                              description='--head: a feature-reading draft head')
+  p.add_argument('--target', required=True, help='the target model dir (config.json + checkpoint)')
+  p.add_argument('--data', required=True, help='dir of {task}_{split}.npz (distilled)')
+  p.add_argument('--workdir', required=True)
+  p.add_argument('--steps', type=int, default=4000)
+  p.add_argument('--max_seconds', type=float, default=None, help='budget of this call')
+  p.add_argument('--batch_size', type=int, default=32)
+  p.add_argument('--learning_rate', type=float, default=2e-3)
+  p.add_argument('--warmup_steps', type=int, default=100)
+  p.add_argument('--weight_decay', type=float, default=0.01)
+  p.add_argument('--passes', type=int, default=3, help='self-fed passes (draft positions)')
+  p.add_argument('--feature_weight', type=float, default=1.0)
+  p.add_argument('--max_target_len', type=int, default=32,
+                 help='train on the first N decoder positions (0 = all)')
+  p.add_argument('--emb_dim', type=int, default=128)
+  p.add_argument('--num_heads', type=int, default=2)
+  p.add_argument('--mlp_dim', type=int, default=512)
+  p.add_argument('--num_layers', type=int, default=1)
+  p.add_argument('--feature_layers', type=_layers, default=(),
+                 help="target decoder layers whose outputs the head also reads, e.g. '0,2' "
+                 "(EAGLE-3's fusion; the final features always); empty: the final only")
+  p.add_argument('--draft_vocab_size', type=int, default=0,
+                 help="logits over the data targets' N commonest ids only (a reduced draft "
+                 'vocabulary, EAGLE-3); 0 = the whole vocabulary')
+  p.add_argument('--draft_vocab_from', default='',
+                 help="an exported head whose draft vocabulary to keep (e.g. --init_from's, "
+                 'when fine-tuning on other data); instead of --draft_vocab_size')
+  p.add_argument('--init_from', default='',
+                 help='an exported head (model dir) to start from, e.g. to fine-tune it')
+  p.add_argument('--mixing_rates', type=lambda t: harness.pairs(t, float), default={},
+                 help="e.g. 'ende=3,summarize=1'; default: sizes")
+  p.add_argument('--save_every', type=int, default=250)
+  p.add_argument('--eval_every', type=int, default=500)
+  p.add_argument('--log_every', type=int, default=50)
+  p.add_argument('--num_val_examples', type=int, default=256, help='per task')
+  p.add_argument('--seed', type=int, default=0)
+  p.add_argument('--export', default='', help='write the head as a model dir here')
+  p.add_argument('--vocab', default='', help='SentencePiece model, recorded with --export')
+  p.add_argument('--no_progress', action='store_true')
+  args = p.parse_args(argv)
+  target_cfg = model_dir.load_config(args.target)
+  if args.draft_vocab_size and args.draft_vocab_from:
+    p.error('give --draft_vocab_size or --draft_vocab_from, not both')
+  if args.draft_vocab_from:
+    draft_vocab = model_dir.draft_vocab(args.draft_vocab_from)
+  elif args.draft_vocab_size:
+    draft_vocab = feature_train.commonest_ids(args.data, args.draft_vocab_size,
+                                              target_cfg.vocab_size)
+  else:
+    draft_vocab = ()
+  head_cfg = feature_draft.FeatureDraftConfig(
+      vocab_size=target_cfg.vocab_size, target_emb_dim=target_cfg.emb_dim,
+      emb_dim=args.emb_dim, num_heads=args.num_heads, head_dim=64, mlp_dim=args.mlp_dim,
+      num_layers=args.num_layers, draft_vocab=draft_vocab, feature_layers=args.feature_layers)
+  cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size,
+                    learning_rate=args.learning_rate, warmup_steps=args.warmup_steps,
+                    weight_decay=args.weight_decay, mixing_rates=args.mixing_rates or None,
+                    max_seconds=args.max_seconds, save_every=args.save_every,
+                    eval_every=args.eval_every, log_every=args.log_every,
+                    num_val_examples=args.num_val_examples, seed=args.seed)
+  params, end = feature_train.train_head(args.target, args.data, args.workdir, head_cfg, cfg,
+                                         passes=args.passes,
+                                         feature_weight=args.feature_weight,
+                                         max_target_len=args.max_target_len or None,
+                                         init_from=args.init_from or None,
+                                         progress=not args.no_progress)
+  if args.export and end['done']:
+    end['exported'] = feature_train.export(params, head_cfg, args.export, end['step'],
+                                           args.vocab or None)
+  print(json.dumps(end), flush=True)
+  return end
+
+
+def main(argv=None):
+  """--head: train_head on the other flags; else train_models."""
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if '--head' in argv:
+    argv.remove('--head')
+    return train_head(argv)
+  return train_models(argv)
 
 
 if __name__ == '__main__':

@@ -152,16 +152,16 @@ def test_the_script_fine_tunes_a_head_keeping_its_draft_vocabulary(target_dir, d
                                                                   tmp_path):
   """--draft_vocab_from keeps an exported head's ids (fine-tuning on other data, whose
   commonest ids differ); with --draft_vocab_size as well it is refused."""
-  script = load_script('train_feature_draft')
+  script = load_script('train')
   ids = (2, 3, 5, 7, 11, 13, 40)
   source = feature_draft.FeatureDraftConfig(vocab_size=VOCAB, target_emb_dim=32, emb_dim=16,
                                             num_heads=2, head_dim=64, mlp_dim=32,
                                             draft_vocab=ids)
   feature_train.export(feature_draft.init_params(source, jax.random.PRNGKey(2)), source,
                        str(tmp_path / 'source'), 1)
-  flags = ['--target', target_dir, '--data', data_dir, '--steps', '2', '--batch_size', '4',
-           '--emb_dim', '16', '--mlp_dim', '32', '--num_val_examples', '4', '--no_progress',
-           '--draft_vocab_from', str(tmp_path / 'source')]
+  flags = ['--head', '--target', target_dir, '--data', data_dir, '--steps', '2',
+           '--batch_size', '4', '--emb_dim', '16', '--mlp_dim', '32', '--num_val_examples', '4',
+           '--no_progress', '--draft_vocab_from', str(tmp_path / 'source')]
   end = script.main(flags + ['--workdir', str(tmp_path / 'w'), '--init_from',
                              str(tmp_path / 'source'), '--export', str(tmp_path / 'out')])
   assert end['done'] and end['exported']
@@ -200,9 +200,10 @@ def test_a_head_reading_more_layers_starts_from_one_reading_the_final_features( 
   with pytest.raises(ValueError, match='not a head of these sizes'):
     feature_train.start_from(feature_draft.init_params(other, jax.random.PRNGKey(0)), other,
                              str(tmp_path / 'fused'))
-  flags = ['--target', target_dir, '--data', data_dir, '--steps', '2', '--batch_size', '4',
-           '--emb_dim', '16', '--mlp_dim', '32', '--num_val_examples', '4', '--no_progress']
-  script = load_script('train_feature_draft')
+  flags = ['--head', '--target', target_dir, '--data', data_dir, '--steps', '2',
+           '--batch_size', '4', '--emb_dim', '16', '--mlp_dim', '32', '--num_val_examples', '4',
+           '--no_progress']
+  script = load_script('train')
   end = script.main(flags + ['--workdir', str(tmp_path / 'w'), '--feature_layers', '0,1',
                              '--export', str(tmp_path / 'out')])
   assert end['done'] and model_dir.load_config(str(tmp_path / 'out')).feature_layers == (0, 1)
@@ -248,16 +249,16 @@ def test_a_deeper_head_starts_from_a_shallower_one_with_identity_layers(target_d
 
 
 def test_distill_data_takes_rows_per_task(target_dir, data_dir, tmp_path):  # noqa: F811
-  """The distillation script's --max_rows: one count for every file, or one per task."""
-  script = load_script('distill_data')
+  """build_data.py distill's --max_rows: one count for every file, or one per task."""
+  script = load_script('build_data')
   out = tmp_path / 'distilled'
-  summaries = script.main(['--target', target_dir, '--data', data_dir, '--out', str(out),
-                           '--splits', 'train', '--max_rows', 'ende=3', '--no_progress'])
+  distill = ['distill', '--target', target_dir, '--data', data_dir, '--out', str(out)]
+  summaries = script.main(distill + ['--splits', 'train', '--max_rows', 'ende=3',
+                                     '--no_progress'])
   rows = {os.path.basename(s['file']): s['rows'] for s in summaries}
   with np.load(os.path.join(data_dir, 'summarize_train.npz')) as z:
     assert rows == {'ende_train.npz': 3, 'summarize_train.npz': len(z['inputs'])}
   with np.load(out / 'ende_train.npz') as z:
     assert z['inputs'].shape[0] == 3 and z['targets'].shape[0] == 3
-  summaries = script.main(['--target', target_dir, '--data', data_dir, '--out', str(out),
-                           '--splits', 'train', '--max_rows', '2', '--no_progress'])
+  summaries = script.main(distill + ['--splits', 'train', '--max_rows', '2', '--no_progress'])
   assert [s['rows'] for s in summaries] == [2, 2]

@@ -84,6 +84,6 @@ def test_the_name_list_check_sees_the_lists_the_registry_replaced():
   names = {'tree', 'lenience'}
   for text in ("STEPS = (Step('tree', 'a.py'), Step('lenience', 'a.py', ('--x',)))",
                "CHECKS = {'tree': Check(), 'lenience': Check()}",
-               "EXPERIMENTS = {'tree': Preset('t', 'a', 'g2'), 'lenience': Preset('l', 'a', 'g4')}"):
+               "PRESETS = {'tree': Preset('t', 'a', 'g2'), 'lenience': Preset('l', 'a', 'g4')}"):
     assert [found for _, found in _name_lists(ast.parse(text), names)] == [
         ['tree', 'lenience']], text
