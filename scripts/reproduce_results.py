@@ -7,12 +7,12 @@ r"""Regenerates every file of results/ on today's code, one script at a time.
   python scripts/reproduce_results.py --index --readme  # re-render INDEX.md, README's box and table
   python scripts/reproduce_results.py --check --only alpha_demo  # rerun, compare, write nothing
 
-Each step (research/results/reproduce.py STEPS: the flags the committed files were made with) runs
-in a fresh process; a timed step is refused while the machine is busy (CPU use,
-another Python process) unless --allow_busy, which marks the run; every step is refused
-while the checkout has uncommitted changes outside results/ unless --allow_dirty (the
-files would name a revision no one can check out). Logs each step's
-seconds to {root}/reproduce_log.json, then renders {root}/INDEX.md (file, command,
+Each step (declared by its experiment file, specdec_t5x/research/experiments/: the script
+and flags that make one results file) runs in a fresh process; a timed step is refused
+while the machine is busy (CPU use, another Python process) unless --allow_busy, which
+marks the run; every step is refused while the checkout has uncommitted changes outside
+results/ unless --allow_dirty (the files would name a revision no one can check out). Logs
+each step's seconds to {root}/reproduce_log.json, then renders {root}/INDEX.md (file, command,
 revision, date, machine, headline) and, with --readme, README.md's speedup box and Results
 table from the JSON files. --check (research/results/check.py) reruns the steps into a scratch
 folder and compares their deterministic fields exactly and their timings within a spread.

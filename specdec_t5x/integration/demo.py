@@ -5,7 +5,7 @@ directory, taken from the caller's argument, else from $SPECDEC_DEMO_ROOT, else 
 current directory (the repository root in every README command):
 
   <root>/data/vocab/demo_spm.model       the demo SentencePiece vocabulary (8000 pieces)
-  <root>/data/corpus/{task}/{split}.tsv  the built corpus (scripts/build_corpus.py)
+  <root>/data/corpus/{task}/{split}.tsv  the built corpus (scripts/build_data.py corpus)
   <root>/data/demo/{task}_test.tsv       the committed held-out sample
   <root>/checkpoints/demo/<name>         the committed demo checkpoints and n-gram drafts
 

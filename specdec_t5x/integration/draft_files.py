@@ -1,6 +1,6 @@
 """N-gram draft files: one .npz per draft, holding its params and `vocab_size`.
 
-`scripts/build_ngram_drafts.py` writes them (unigram_<task>.npz, bigram_<task>.npz) from
+`scripts/build_data.py ngram` writes them (unigram_<task>.npz, bigram_<task>.npz) from
 corpus counts; `load_ngram` gives back the draft module and its params. The drafts
 themselves (specdec_t5x.algorithm.drafts) know nothing of files.
 """

@@ -1,5 +1,5 @@
 """How many tokens per target call a static draft tree could give a draft, greedy, from
-teacher-forced ranks (scripts/tree_bound.py).
+teacher-forced ranks (scripts/compare_decodes.py --experiment=tree_bound).
 
 At each position of the target's greedy output, `ranks` gives the rank of the target's
 token among the draft's next-token choices on the target's own prefix (0: the draft's pick;
