@@ -9,8 +9,8 @@ setup(
     version="0.1.0",
     description="Exact speculative decoding for T5X encoder-decoder models in JAX.",
     packages=find_packages(include=["specdec_t5x", "specdec_t5x.*"]),
-    # The packed CPU matmul's source: compiled on first use (algorithm/cpu_kernels.py).
-    package_data={"specdec_t5x.algorithm": ["cpu_kernels.cc"]},
+    # The CPU kernels' sources: compiled into one library on first use (algorithm/cpu/build.py).
+    package_data={"specdec_t5x.algorithm.cpu": ["kernels/*.cc", "kernels/*.h"]},
     python_requires=">=3.10",
     install_requires=[
         "jax>=0.4.30",

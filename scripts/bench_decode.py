@@ -30,7 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import api, cpu_kernels, timing
+from specdec_t5x.algorithm import api, timing
+from specdec_t5x.algorithm.cpu import modes
 from specdec_t5x.algorithm.network import Transformer, t5_1_1_config
 from specdec_t5x.research.results import harness
 from specdec_t5x.research.measure import reference, speed, t5x_reference
@@ -66,7 +67,7 @@ def main(argv=None):
   args = ap.parse_args(argv)
   if args.cpu_kernels is None:
     return _main(args, argv)
-  with cpu_kernels.default_mode_as(args.cpu_kernels):
+  with modes.default_mode_as(args.cpu_kernels):
     return _main(args, argv)
 
 
@@ -152,7 +153,7 @@ def _main(args, argv):
       f"Decode costs ({report.environment['device_kind']}, batch {args.batch}, "
       f'{args.max_len} tokens)',
       f'Target {args.target}, draft {args.draft} (random T5 v1.1 weights, vocab {args.vocab}, '
-      f'{args.dtype}); our kernel mode {cpu_kernels.default_mode()}.'
+      f'{args.dtype}); our kernel mode {modes.default_mode()}.'
       + (' In bfloat16 our kernels sum in another order than XLA\'s dot, so greedy tokens '
          'of random weights (near-ties) may differ; results/bf16_agreement.md measures the '
          'agreement on the demo target.' if args.dtype == 'bfloat16' else '')) +

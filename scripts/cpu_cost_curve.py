@@ -31,7 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import cpu_kernels, network, timing
+from specdec_t5x.algorithm import network, timing
+from specdec_t5x.algorithm.cpu import modes
 from specdec_t5x.integration import random_init, run_dir
 from specdec_t5x.research.predict import ceiling, paper
 from specdec_t5x.research.measure import evaluation
@@ -74,7 +75,7 @@ def measure(size: str, dtype: str, mode: str, ks: List[int], repeats: int) -> Di
   module, params = model(size, dtype)
   nbytes = decoder_bytes(params)
   enc = jnp.asarray(np.random.default_rng(0).integers(2, 100, (1, ENC_LEN)), jnp.int32)
-  with cpu_kernels.default_mode_as(mode):
+  with modes.default_mode_as(mode):
     seconds = timing.call_costs({f'k{k}': (module, params, k) for k in ks}, enc,
                                 calls_for(nbytes), repeats, cache_len=CACHE_LEN)
   del params

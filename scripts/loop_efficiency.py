@@ -34,7 +34,8 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from specdec_t5x.algorithm import batching, cpu_kernels, network, timing
+from specdec_t5x.algorithm import batching, network, timing
+from specdec_t5x.algorithm.cpu import modes
 from specdec_t5x.research.measure import evaluation, loop_efficiency
 from specdec_t5x.research.results import harness
 
@@ -175,7 +176,7 @@ def main(argv=None) -> None:
   report['matmuls'] = {}
   for matmul in tqdm(args.matmuls.split(','), desc='loop efficiency', unit='matmul'):
     jax.clear_caches()  # ~80 programs per matmul: freeing them keeps the JIT's mappings in bounds
-    with cpu_kernels.default_mode_as('packed' if matmul == 'packed' else 'xla'):
+    with modes.default_mode_as('packed' if matmul == 'packed' else 'xla'):
       report['matmuls'][matmul] = loop_efficiency.measure(
           target, drafts, enc, args.max_len, args.gammas, args.temperatures, args.repeats,
           cost_repeats=args.repeats, ladder_calls=args.ladder_calls,

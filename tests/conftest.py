@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 
 import compile_report
-from specdec_t5x.algorithm import cpu_kernels
+from specdec_t5x.algorithm.cpu import modes
 from specdec_t5x.algorithm.network import T5Config, Transformer
 
 
@@ -314,7 +314,7 @@ def jit_apply(module, variables, *args, method=None, **kwargs):
   fixed_kw = tuple(sorted((k, v) for k, v in kwargs.items() if static(v)))
   traced = [a for a in args if not static(a)]
   traced_kw = {k: v for k, v in kwargs.items() if not static(v)}
-  return _jitted_apply(module, method, fixed, fixed_kw, len(args), cpu_kernels.trace_state())(
+  return _jitted_apply(module, method, fixed, fixed_kw, len(args), modes.trace_state())(
       variables, traced, traced_kw)
 
 

@@ -11,6 +11,7 @@ import pytest
 from conftest import make_model, random_inputs, tiny_config
 from specdec_t5x import generate
 from specdec_t5x.algorithm import api, decoding
+from specdec_t5x.algorithm.cpu import packing
 from specdec_t5x.algorithm.config import DecodeConfig
 from test_feature_draft import make_head
 
@@ -35,7 +36,7 @@ def test_caches_too_small_are_reported_and_raised(models, draft, fresh_programs,
   drafted = None if draft is None else models[draft]
   config = DecodeConfig(gamma=2)
   program = api.decode_program(target[0], drafted and drafted[0], max_len=6, config=config)
-  args = (api.decode_variables(*target), drafted and api.decode_variables(*drafted), enc,
+  args = (packing.decode_variables(*target), drafted and packing.decode_variables(*drafted), enc,
           jax.random.PRNGKey(0), 1)
   _, stats = jax.jit(program)(*args)
   assert not np.any(stats['skipped_cache_writes'])

@@ -15,6 +15,7 @@ import pytest
 from conftest import run_child
 
 from specdec_t5x.algorithm import api, layers, network
+from specdec_t5x.algorithm.cpu import packing
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.research.measure import hlo_loops
 
@@ -68,9 +69,9 @@ _CHILD = textwrap.dedent('''
             ('mixed', draft, DecodeConfig(gamma=3, draft_tree_width=2, copy_branch=2)),
             ('head', head, DecodeConfig(gamma=3)), ('head_tree', head, tree),
             ('head_dynamic', head, DecodeConfig(gamma=3, draft_tree_width=2))):
-          fn = api._compiled(target[0], drafted and drafted[0], max_len=32, config=config)
-          args = (api.decode_variables(target[0], part.shard_params(target[1])),
-                  drafted and api.decode_variables(drafted[0], part.shard_params(drafted[1])),
+          fn = api.compiled_program(target[0], drafted and drafted[0], max_len=32, config=config)
+          args = (packing.decode_variables(target[0], part.shard_params(target[1])),
+                  drafted and packing.decode_variables(drafted[0], part.shard_params(drafted[1])),
                   x, jax.random.PRNGKey(0), jnp.int32(1))
           hlo = fn.lower(*args).compile().as_text()
           out[f'{name}_b{batch}_p{parts}'] = hlo_loops.loop_traffic(hlo, cache).summary()
@@ -95,11 +96,11 @@ def test_tied_logits_with_xla_dot_copy_no_embedding_per_step_on_cpu():
   module = network.Transformer(cfg)
   x = jnp.asarray(np.random.RandomState(0).randint(2, 512, size=(1, 6)), jnp.int32)
   params = module.init(jax.random.PRNGKey(0), x, x)['params']
-  decode = api.decode_variables(module, params, 'xla')
+  decode = packing.decode_variables(module, params, 'xla')
   assert decode[layers.TRANSPOSED]['token_embedder']['embedding'].shape == (32, 512)
-  assert api.decode_variables(module, params, 'xla')[layers.TRANSPOSED] is decode[layers.TRANSPOSED]
+  assert packing.decode_variables(module, params, 'xla')[layers.TRANSPOSED] is decode[layers.TRANSPOSED]
   for draft in (None, module):
-    fn = api._compiled(module, draft, max_len=16, config=DecodeConfig(gamma=3, cpu_kernels='xla'))  # pylint: disable=protected-access
+    fn = api.compiled_program(module, draft, max_len=16, config=DecodeConfig(gamma=3, cpu_kernels='xla'))
     found = {}
     for label, variables in (('plain', {'params': params}), ('decode', decode)):
       args = (variables, draft and variables, x, jax.random.PRNGKey(0), jnp.int32(1))

@@ -1,8 +1,9 @@
-"""The bfloat16 x bfloat16 -> float32 kernel of mode 'packed_bf16' (algorithm/cpu_bf16.py,
-cpu_kernels.cc PanelMatmulDp)."""
+"""The bfloat16 x bfloat16 -> float32 kernel of mode 'packed_bf16' (algorithm/cpu/bf16.py,
+cpu/kernels/matmul_dp.cc PanelMatmulDp)."""
 
 import logging
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,15 +11,16 @@ import pytest
 from scipy import stats
 
 from conftest import make_model, random_inputs, run_child, tiny_config
-from specdec_t5x.algorithm import api, cpu_bf16, cpu_kernels, layers, sampling
+from specdec_t5x.algorithm import layers, sampling
+from specdec_t5x.algorithm.cpu import bf16, build, f32, matmul, modes, packing
 import test_distribution as dist
 from specdec_t5x.algorithm.api import generate
 
 pytestmark = pytest.mark.skipif(
-    not cpu_bf16._cpu_has_dpbf16() or not cpu_kernels._status()[0],  # pylint: disable=protected-access
+    not modes.cpu_has_dpbf16() or not build.status()[0],
     reason='the bfloat16 CPU matmul needs AVX-512 BF16 and the packed kernels')
 
-_MATMUL = jax.jit(cpu_bf16.matmul, static_argnums=2)
+_MATMUL = jax.jit(bf16.matmul, static_argnums=2)
 
 
 def _bf16(a):
@@ -44,7 +46,7 @@ def _reference(x, w, odd_first=True):
 
 def test_pair_panels_layout():
   w = jnp.arange(5 * 20, dtype=jnp.float32).reshape(5, 20)
-  q = np.asarray(cpu_bf16.pack_pairs(w).astype(jnp.float32))
+  q = np.asarray(bf16.pack_pairs(w).astype(jnp.float32))
   assert q.shape == (2, 3, 32)
   for j, i, c, h in np.ndindex(2, 3, 16, 2):
     k, n = 2 * i + h, 16 * j + c
@@ -56,7 +58,7 @@ def test_matches_the_pair_order_reference_bitwise(k, n):
   rng = np.random.default_rng(k * 1000 + n)
   x = rng.standard_normal((3, k)).astype(np.float32)
   w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
-  y = np.asarray(_MATMUL(jnp.asarray(x), cpu_bf16.pack_pairs(jnp.asarray(w)), n))
+  y = np.asarray(_MATMUL(jnp.asarray(x), bf16.pack_pairs(jnp.asarray(w)), n))
   np.testing.assert_array_equal(y, _reference(x, w))
   if k >= 64:  # the order is observable: even-first chains differ somewhere
     assert not np.array_equal(y, _reference(x, w, odd_first=False))
@@ -66,7 +68,7 @@ def test_rows_are_bitwise_those_of_one_row_calls():
   """1..18 rows: every tile shape and row group, several panel chunks (30 panels)."""
   rng = np.random.default_rng(0)
   k, n = 384, 470
-  w = cpu_bf16.pack_pairs(jnp.asarray(rng.standard_normal((k, n)) / 20, jnp.float32))
+  w = bf16.pack_pairs(jnp.asarray(rng.standard_normal((k, n)) / 20, jnp.float32))
   x = jnp.asarray(rng.standard_normal((18, k)), jnp.float32)
   alone = np.concatenate([np.asarray(_MATMUL(x[r:r + 1], w, n)) for r in range(18)])
   for rows in range(1, 19):
@@ -77,14 +79,14 @@ def test_leading_dimensions_and_bad_shapes():
   rng = np.random.default_rng(1)
   w = jnp.asarray(rng.standard_normal((32, 20)), jnp.float32)
   x = jnp.asarray(rng.standard_normal((2, 3, 32)), jnp.float32)
-  q = cpu_bf16.pack_pairs(w)
+  q = bf16.pack_pairs(w)
   y = _MATMUL(x, q, 20)
   assert y.shape == (2, 3, 20) and y.dtype == jnp.float32
   np.testing.assert_array_equal(np.asarray(y).reshape(6, 20), _reference(x.reshape(6, 32), w))
   with pytest.raises(ValueError, match='do not make'):
-    cpu_bf16.matmul(x, q, 40)
+    bf16.matmul(x, q, 40)
   with pytest.raises(ValueError, match='do not make'):
-    cpu_bf16.matmul(x[..., :30], q, 20)
+    bf16.matmul(x[..., :30], q, 20)
 
 
 def test_dense_rounds_the_float32_sums_to_bfloat16_near_xla():
@@ -93,7 +95,8 @@ def test_dense_rounds_the_float32_sums_to_bfloat16_near_xla():
   dense = layers.Dense(48, jnp.bfloat16)
   x = jnp.asarray(rng.standard_normal((4, 64)), jnp.bfloat16)
   params = dense.init(jax.random.PRNGKey(0), x)['params']
-  packed = {cpu_kernels.COLLECTION: {'kernel': cpu_bf16.pack_pairs(params['kernel'])}}
+  pairs = matmul.pack(params['kernel'], modes.PAIR_PANELS)
+  packed = {matmul.COLLECTION: {'kernel': pairs}}
   ours = dense.apply({'params': params, **packed}, x)
   xla = dense.apply({'params': params}, x)
   assert ours.dtype == jnp.bfloat16
@@ -104,8 +107,10 @@ def test_dense_rounds_the_float32_sums_to_bfloat16_near_xla():
 
 def _paths(variables, pairs=True):
   """keystr paths of the packed collection's pair panels (`pairs`) or other panels."""
-  flat = jax.tree_util.tree_flatten_with_path(variables.get(cpu_kernels.COLLECTION, {}))[0]
-  return {jax.tree_util.keystr(p) for p, v in flat if cpu_bf16.is_pairs(v) == pairs}
+  flat = jax.tree_util.tree_flatten_with_path(
+      variables.get(matmul.COLLECTION, {}), is_leaf=lambda v: isinstance(v, matmul.PackedKernel))[0]
+  return {jax.tree_util.keystr(p) for p, v in flat
+          if (v.panel_format == modes.PAIR_PANELS) == pairs}
 
 
 @pytest.fixture(scope='module')
@@ -117,12 +122,12 @@ def bf16_models():
 
 def test_only_bf16_networks_in_mode_packed_bf16_get_pair_panels(bf16_models):
   (module, params), _ = bf16_models
-  variables = api.decode_variables(module, params, 'packed_bf16')
+  variables = packing.decode_variables(module, params, 'packed_bf16')
   assert len(_paths(variables)) == 2 * (4 + 3) + 2 * (4 + 4 + 3)  # encoder, decoder layers
   assert _paths(variables, pairs=False) == {"['decoder']['logits_dense']['kernel']"}  # float32
-  assert not _paths(api.decode_variables(module, params, 'packed'))
+  assert not _paths(packing.decode_variables(module, params, 'packed'))
   f32_module, f32_params = make_model(tiny_config(), seed=0)
-  assert not _paths(api.decode_variables(f32_module, f32_params, 'packed_bf16'))
+  assert not _paths(packing.decode_variables(f32_module, f32_params, 'packed_bf16'))
 
 
 def _bf16_valued(params):
@@ -137,7 +142,7 @@ def test_float32_logits_join_the_pairs_when_bfloat16_holds_their_weights(tied):
   target = make_model(tiny_config(v11=not tied, dtype=jnp.bfloat16), seed=2, logit_scale=3.0)
   target = (target[0], _bf16_valued(target[1]))
   draft = make_model(tiny_config(emb=16, layers=1, v11=not tied, dtype=jnp.bfloat16), seed=3)
-  variables = api.decode_variables(*target, 'packed_bf16')
+  variables = packing.decode_variables(*target, 'packed_bf16')
   assert not _paths(variables, pairs=False)
   logits_path = "['token_embedder']['embedding']" if tied else "['decoder']['logits_dense']['kernel']"
   assert logits_path in _paths(variables)
@@ -150,26 +155,26 @@ def test_float32_logits_join_the_pairs_when_bfloat16_holds_their_weights(tied):
 
 
 def test_a_float32_layer_on_pair_panels_takes_only_bfloat16_inputs():
-  q = cpu_bf16.pack_pairs(jnp.ones((8, 4), jnp.float32))
+  q = bf16.pack_pairs(jnp.ones((8, 4), jnp.float32))
   with pytest.raises(ValueError, match='needs bfloat16 inputs'):
-    cpu_bf16.layer(jnp.ones((1, 8), jnp.float32), q, 4, jnp.float32)
-  np.testing.assert_array_equal(cpu_bf16.layer(jnp.ones((1, 8), jnp.bfloat16), q, 4,
+    bf16.layer(jnp.ones((1, 8), jnp.float32), q, 4, jnp.float32)
+  np.testing.assert_array_equal(bf16.layer(jnp.ones((1, 8), jnp.bfloat16), q, 4,
                                                jnp.float32), np.full((1, 4), 8.0, np.float32))
   rng = np.random.default_rng(3)  # exact products, summed in pair order: float32 rounding
   x = jnp.asarray(rng.standard_normal((3, 256)), jnp.bfloat16)
   w = _bf16(rng.standard_normal((256, 50)))
-  y = cpu_bf16.layer(x, cpu_bf16.pack_pairs(jnp.asarray(w, jnp.float32)), 50, jnp.float32)
+  y = bf16.layer(x, bf16.pack_pairs(jnp.asarray(w, jnp.float32)), 50, jnp.float32)
   np.testing.assert_allclose(y, _bf16(x) @ w, rtol=1e-5, atol=1e-5)
 
 
 def test_without_avx512_bf16_the_mode_falls_back_with_one_log_line(bf16_models, monkeypatch,
                                                                    caplog):
   (module, params), _ = bf16_models
-  monkeypatch.setattr(cpu_bf16, '_cpu_has_dpbf16', lambda: False)
-  cpu_bf16._log_once.cache_clear()  # pylint: disable=protected-access
+  monkeypatch.setattr(modes, 'cpu_has_dpbf16', lambda: False)
+  modes._log_fallback.cache_clear()  # pylint: disable=protected-access
   with caplog.at_level(logging.WARNING):
     for _ in range(2):
-      assert not _paths(api.decode_variables(module, params, 'packed_bf16'))
+      assert not _paths(packing.decode_variables(module, params, 'packed_bf16'))
   assert sum('falls back' in r.getMessage() for r in caplog.records) == 1
   enc = random_inputs(1, 6, 40, seed=4)
   fallback = generate((module, params), enc, max_decode_length=5, cpu_kernels='packed_bf16')
@@ -213,3 +218,37 @@ def test_sampling_in_bfloat16_follows_the_targets_law(cfg):
   table = np.array([[spec.get(k, 0) for k in keys], [ar.get(k, 0) for k in keys]])
   assert stats.chi2_contingency(table[:, table.sum(0) >= 10]).pvalue > 1e-3
   assert dist.chi2_pvalue(dist.exact_probabilities(target, dist.ENC, cfg), spec) > 1e-3
+
+
+def test_the_plan_names_each_layers_format_from_its_role(bf16_models):
+  """modes.panel_format decides every layer: in mode 'packed' a bfloat16 network packs only
+  its float32 logits (its bfloat16 layers keep XLA's dot); the roles match the layers'
+  dtypes as the modules declare them."""
+  (module, params), _ = bf16_models
+  plan = packing.plan(module, params, 'packed')
+  assert {p for p, (f, _) in plan.items() if f} == {('decoder', 'logits_dense', 'kernel')}
+  assert all(why for _, why in plan.values())
+  assert set(packing.decode_variables(module, params, 'packed')[matmul.COLLECTION]) == {'decoder'}
+  float32_layers = set()
+
+  def record(next_fun, args, kwargs, context):
+    if isinstance(context.module, layers.Dense) and context.method_name == '__call__':
+      if jnp.dtype(context.module.dtype) == jnp.float32:
+        float32_layers.add(context.module.path + ('kernel',))
+    return next_fun(*args, **kwargs)
+  enc = jnp.ones((1, 4), jnp.int32)
+  with nn.intercept_methods(record):
+    module.apply({'params': params}, enc, enc)
+  assert float32_layers == {p for p in packing.packed_weights(params)
+                            if packing.role(p) != 'dtype'}
+
+
+def test_apply_takes_only_tagged_panels():
+  w = jnp.ones((8, 4), jnp.float32)
+  with pytest.raises(TypeError, match='PackedKernel'):
+    matmul.apply(jnp.ones((1, 8)), f32.pack(w), 4, jnp.float32)
+  with pytest.raises(ValueError, match='only float32 layers'):
+    matmul.apply(jnp.ones((1, 8)), matmul.pack(w, modes.F32_PANELS), 4, jnp.bfloat16)
+  np.testing.assert_array_equal(
+      matmul.apply(jnp.ones((1, 8)), matmul.pack(w, modes.BF16_PANELS), 4, 'float32'),
+      np.full((1, 4), 8.0, np.float32))

@@ -1,5 +1,5 @@
-"""The bfloat16 cached attention of mode 'packed_bf16' (cpu_bf16.cached_attention,
-cpu_kernels.cc CachedAttentionBf16) and the decode cache's 16-bit float bits
+"""The bfloat16 cached attention of mode 'packed_bf16' (attention.cached_attention_bf16,
+cpu/kernels/attention.cc CachedAttentionBf16) and the decode cache's 16-bit float bits
 (rows.storage_dtype)."""
 
 import jax
@@ -9,12 +9,13 @@ import pytest
 
 from conftest import make_model, random_inputs, tiny_config
 from test_cpu_bf16 import _bf16 as _round  # float32 values -> bfloat16 values, as float64
-from specdec_t5x.algorithm import api, cpu_bf16, cpu_kernels, feature_draft, rows
+from specdec_t5x.algorithm import feature_draft, rows
+from specdec_t5x.algorithm.cpu import attention, build, matmul, modes, packing
 from specdec_t5x.algorithm.api import generate
 
-needs_kernels = pytest.mark.skipif(not cpu_kernels._status()[0],  # pylint: disable=protected-access
+needs_kernels = pytest.mark.skipif(not build.status()[0],
                                    reason='the CPU kernels need x86-64 with AVX2/FMA and g++')
-_ATTEND = jax.jit(cpu_bf16.cached_attention, static_argnums=4)
+_ATTEND = jax.jit(attention.cached_attention_bf16, static_argnums=4)
 
 
 def _operands(b, q_len, h, d, s, seed):
@@ -88,18 +89,18 @@ def test_nonfinite_scores_and_bad_operands():
   assert np.isnan(out[0, 1, 0]).all() and np.isfinite(out[0, 0]).all()
   assert np.isfinite(out[0, 1, 1]).all()
   with pytest.raises(ValueError, match='4-d'):
-    cpu_bf16.cached_attention(q, k_t, v, bias[0])
+    attention.cached_attention_bf16(q, k_t, v, bias[0])
   with pytest.raises(Exception, match='cached_attention_bf16 needs'):
-    cpu_bf16.cached_attention(q, k_t.astype(jnp.float32), v, bias)
+    attention.cached_attention_bf16(q, k_t.astype(jnp.float32), v, bias)
   with pytest.raises(Exception, match='cached_attention_bf16 needs'):
-    cpu_bf16.cached_attention(q, k_t, v[:, :, :5], bias)
+    attention.cached_attention_bf16(q, k_t, v[:, :, :5], bias)
 
 
 def test_cpu_caches_keep_16_bit_floats_as_bits():
   assert rows.storage_dtype(jnp.bfloat16) == jnp.uint16
   assert rows.storage_dtype(jnp.float16) == jnp.uint16
   assert rows.storage_dtype(jnp.float32) == jnp.float32
-  with cpu_kernels.accelerator_forms():  # an accelerator's program keeps bfloat16
+  with modes.accelerator_forms():  # an accelerator's program keeps bfloat16
     assert rows.storage_dtype(jnp.bfloat16) == jnp.bfloat16
   x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 3)), jnp.bfloat16)
   buffer = jnp.zeros((2, 3), jnp.uint16)
@@ -126,25 +127,26 @@ def test_bf16_decodes_run_the_bf16_attention_and_cast_params_pair_their_logits()
   """Mode 'packed_bf16' decodes a bfloat16 network's cached attention with the kernel
   (mode 'packed' with XLA's ops); params cast to bfloat16 put the tied logits on pair
   panels too; greedy speculative decoding gives the target's tokens either way."""
-  if not cpu_bf16._cpu_has_dpbf16():  # pylint: disable=protected-access
+  if not modes.cpu_has_dpbf16():
     pytest.skip('pair panels need AVX-512 BF16')
   module, params = make_model(tiny_config(v11=False, dtype=jnp.bfloat16), seed=2,
                               logit_scale=3.0)
   params = jax.tree_util.tree_map(lambda w: w.astype(jnp.bfloat16), params)
   target = (module, params)
   draft = make_model(tiny_config(emb=16, layers=1, v11=False, dtype=jnp.bfloat16), seed=3)
-  variables = api.decode_variables(module, params, 'packed_bf16')
-  assert cpu_bf16.is_pairs(variables[cpu_kernels.COLLECTION]['token_embedder']['embedding'])
+  variables = packing.decode_variables(module, params, 'packed_bf16')
+  embedding = variables[matmul.COLLECTION]['token_embedder']['embedding']
+  assert embedding.panel_format == modes.PAIR_PANELS
   enc = random_inputs(2, 8, 40, seed=9)
   cache = module.apply(variables, module.apply(variables, enc, method='encode'), enc, 12,
                        method='init_cache')
   assert cache['layers'][0]['k'].dtype == jnp.uint16
   for mode, runs_kernel in (('packed_bf16', True), ('packed', False)):
     def extend(variables, cache):
-      with cpu_kernels.decode_mode(mode):
+      with modes.decode_mode(mode):
         return module.apply(variables, cache, jnp.ones((2, 3), jnp.int32),
                             jnp.zeros((2,), jnp.int32), method='extend')[0]
-    hlo = jax.jit(extend).lower(api.decode_variables(module, params, mode), cache).as_text()
+    hlo = jax.jit(extend).lower(packing.decode_variables(module, params, mode), cache).as_text()
     assert ('specdec_cached_attention_bf16' in hlo) == runs_kernel
   plain = generate(target, enc, max_decode_length=10, cpu_kernels='packed_bf16')
   for gamma in (1, 4):
@@ -157,7 +159,7 @@ def test_a_bfloat16_feature_head_gets_pair_panels_and_keeps_greedy_exact():
   """In mode 'packed_bf16' a bfloat16 feature head's bfloat16 layers run on pair panels, as
   the target's do (not XLA's bfloat16 dot), and greedy speculative decoding with it gives
   the target's tokens."""
-  if not cpu_bf16._cpu_has_dpbf16():  # pylint: disable=protected-access
+  if not modes.cpu_has_dpbf16():
     pytest.skip('pair panels need AVX-512 BF16')
   target = make_model(tiny_config(v11=False, dtype=jnp.bfloat16), seed=2, logit_scale=3.0)
   config = feature_draft.FeatureDraftConfig(vocab_size=40, target_emb_dim=32, emb_dim=16,
@@ -165,10 +167,11 @@ def test_a_bfloat16_feature_head_gets_pair_panels_and_keeps_greedy_exact():
                                             dtype='bfloat16')
   head = (feature_draft.FeatureDraft(config),
           feature_draft.init_params(config, jax.random.PRNGKey(3), target[1]))
-  packed = api.decode_variables(*head, 'packed_bf16')[cpu_kernels.COLLECTION]
-  assert cpu_bf16.is_pairs(packed['feature_in']['kernel'])
-  assert not cpu_bf16.is_pairs(api.decode_variables(*head, 'packed')[cpu_kernels.COLLECTION]
-                               ['feature_in']['kernel'])
+  packed = packing.decode_variables(*head, 'packed_bf16')[matmul.COLLECTION]
+  assert packed['feature_in']['kernel'].panel_format == modes.PAIR_PANELS
+  packed = packing.decode_variables(*head, 'packed')[matmul.COLLECTION]  # XLA's bfloat16 dot
+  assert 'feature_in' not in packed
+  assert packed['feature_out']['kernel'].panel_format == modes.F32_PANELS
   enc = random_inputs(2, 8, 40, seed=9)
   plain = generate(target, enc, max_decode_length=10, cpu_kernels='packed_bf16')
   for gamma in (1, 3):

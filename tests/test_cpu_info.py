@@ -1,11 +1,11 @@
-"""The CPU's description that results files record (algorithm/cpu_info.py,
-research/harness.environment) and the results index shows (research/results/reproduce.py)."""
+"""The CPU's description that results files record (algorithm/cpu/info.py,
+research/results/harness.environment) and the results index shows (research/results/reproduce.py)."""
 
 import json
 import os
 import pathlib
 
-from specdec_t5x.algorithm import cpu_info, cpu_kernels
+from specdec_t5x.algorithm.cpu import info
 from specdec_t5x.research.results import harness, reproduce
 
 RESULTS = pathlib.Path(__file__).resolve().parents[1] / 'results'
@@ -21,25 +21,25 @@ model name\t: not the first line
 
 
 def test_fields_are_read_from_the_first_processor():
-  assert cpu_info.field(CPUINFO, 'model name') == 'AMD EPYC 9B45'
-  assert cpu_info.field(CPUINFO, 'flags').split()[-2:] == ['avx512_bf16', 'sha_ni']
-  assert cpu_info.field(CPUINFO, 'microcode') == ''
-  assert cpu_info.field('', 'flags') == ''
+  assert info.field(CPUINFO, 'model name') == 'AMD EPYC 9B45'
+  assert info.field(CPUINFO, 'flags').split()[-2:] == ['avx512_bf16', 'sha_ni']
+  assert info.field(CPUINFO, 'microcode') == ''
+  assert info.field('', 'flags') == ''
 
 
 def test_description_keeps_the_kernel_features_in_order(monkeypatch):
-  monkeypatch.setattr(cpu_info, '_cpuinfo', lambda: CPUINFO)
-  assert cpu_info.describe() == {
+  monkeypatch.setattr(info, '_cpuinfo', lambda: CPUINFO)
+  assert info.describe() == {
       'cpu': 'AMD EPYC 9B45',
       'cpu_features': ['avx2', 'fma', 'avx512f', 'avx512bw', 'avx512_bf16']}
-  monkeypatch.setattr(cpu_info, '_cpuinfo', lambda: '')
-  assert cpu_info.describe() == {'cpu': 'unknown', 'cpu_features': []}
+  monkeypatch.setattr(info, '_cpuinfo', lambda: '')
+  assert info.describe() == {'cpu': 'unknown', 'cpu_features': []}
 
 
 def test_results_record_this_machines_cpu_and_the_index_shows_it():
   env = harness.environment()
-  assert env['cpu'] == (cpu_info.cpu_model() or 'unknown')
-  assert set(env['cpu_features']) == set(cpu_info.KERNEL_FEATURES) & cpu_kernels.cpu_flags()
+  assert env['cpu'] == (info.cpu_model() or 'unknown')
+  assert set(env['cpu_features']) == set(info.KERNEL_FEATURES) & info.cpu_flags()
   bf16 = ', avx512_bf16' if 'avx512_bf16' in env['cpu_features'] else ''
   machine = reproduce._machine  # pylint: disable=protected-access
   assert machine(env) == f"cpu, {os.cpu_count()} cores, {env['cpu']}{bf16}"

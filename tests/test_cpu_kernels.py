@@ -1,4 +1,5 @@
-"""The packed CPU matmul of the decode path (algorithm/cpu_kernels.{py,cc})."""
+"""The packed CPU matmul of the decode path (algorithm/cpu/f32.py, matmul.py, packing.py and
+cpu/kernels/matmul_f32.cc), its build (cpu/build.py) and the cached attention (cpu/attention.py)."""
 
 import gc
 import os
@@ -11,22 +12,23 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_t5x.algorithm import api, cpu_kernels, network
+from specdec_t5x.algorithm import api, network
+from specdec_t5x.algorithm.cpu import attention, build, f32, matmul, modes, packing
 from specdec_t5x.algorithm.config import DecodeConfig
 
 # Only a CPU without AVX2/FMA skips; on x86-64 (CI) a failed build fails these tests.
 pytestmark = pytest.mark.skipif(
-    not cpu_kernels._cpu_has_avx2_fma(),  # pylint: disable=protected-access
+    not build.cpu_has_avx2_fma(),
     reason='the packed CPU matmul needs x86-64 with AVX2 and FMA')
 
 
 def test_enabled_here():
-  assert cpu_kernels.enabled(), cpu_kernels._status()  # pylint: disable=protected-access
+  assert modes.enabled(), build.status()
 
 
 def _product(x, w):
-  return np.asarray(jax.jit(cpu_kernels.matmul, static_argnums=2)(
-      jnp.asarray(x), cpu_kernels.pack(jnp.asarray(w)), w.shape[1]))
+  return np.asarray(jax.jit(f32.matmul, static_argnums=2)(
+      jnp.asarray(x), f32.pack(jnp.asarray(w)), w.shape[1]))
 
 
 @pytest.mark.parametrize('k,n', [(5, 1), (64, 15), (64, 16), (64, 17), (384, 100), (128, 1000)])
@@ -58,13 +60,13 @@ def test_leading_dimensions_and_bad_shapes():
   rng = np.random.default_rng(1)
   w = rng.standard_normal((32, 40)).astype(np.float32)
   x = rng.standard_normal((2, 3, 32)).astype(np.float32)
-  y = np.asarray(cpu_kernels.matmul(jnp.asarray(x), cpu_kernels.pack(jnp.asarray(w)), 40))
+  y = np.asarray(f32.matmul(jnp.asarray(x), f32.pack(jnp.asarray(w)), 40))
   assert y.shape == (2, 3, 40)
   np.testing.assert_allclose(y, x @ w, rtol=1e-5, atol=1e-5)
   with pytest.raises(ValueError, match='do not make'):
-    cpu_kernels.matmul(jnp.asarray(x), cpu_kernels.pack(jnp.asarray(w)), 20)
+    f32.matmul(jnp.asarray(x), f32.pack(jnp.asarray(w)), 20)
   with pytest.raises(ValueError, match='do not make'):
-    cpu_kernels.matmul(jnp.asarray(x[..., :16]), cpu_kernels.pack(jnp.asarray(w)), 40)
+    f32.matmul(jnp.asarray(x[..., :16]), f32.pack(jnp.asarray(w)), 40)
 
 
 def _bf16_valued(shape, seed):
@@ -78,16 +80,16 @@ def test_bf16_panels_give_the_float32_panels_products_bitwise(k, n):
   """bfloat16 panels are widened to the very float32 weights: the same products, bit for bit,
   for any number of rows (every tile) and widths that end inside a panel."""
   w = _bf16_valued((k, n), k + n)
-  assert bool(cpu_kernels.holds_in_bf16(jnp.asarray(w)))
-  p32, p16 = cpu_kernels.pack(jnp.asarray(w)), cpu_kernels.pack(jnp.asarray(w), bf16=True)
+  assert bool(f32.holds_in_bf16(jnp.asarray(w)))
+  p32, p16 = f32.pack(jnp.asarray(w)), f32.pack(jnp.asarray(w), bf16_storage=True)
   assert p16.dtype == jnp.bfloat16 and p16.shape == p32.shape
   # The interleaved layout: p[j, k, 2 i + h] = w[k, 16 j + 8 h + i].
   np.testing.assert_array_equal(np.asarray(p16[0, :, 1].astype(jnp.float32)),
                                 np.asarray(p32[0, :, 8]))
   x = np.random.default_rng(k).standard_normal((18, k)).astype(np.float32)
   for m in range(1, 19):  # every tile and remainder: 2..8 rows in one, 9 = 8 + 1, 17, 18
-    got = jax.jit(cpu_kernels.matmul, static_argnums=2)(jnp.asarray(x[:m]), p16, n)
-    want = jax.jit(cpu_kernels.matmul, static_argnums=2)(jnp.asarray(x[:m]), p32, n)
+    got = jax.jit(f32.matmul, static_argnums=2)(jnp.asarray(x[:m]), p16, n)
+    want = jax.jit(f32.matmul, static_argnums=2)(jnp.asarray(x[:m]), p32, n)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 
 
@@ -96,15 +98,15 @@ def test_bf16_panels_without_avx512_tiles_give_the_same_products():
   tiles (every other x86-64 CPU) must give the same bits: run them in a child process."""
   code = (
       'import jax, jax.numpy as jnp, numpy as np\n'
-      'from specdec_t5x.algorithm import cpu_kernels as ck\n'
+      'from specdec_t5x.algorithm.cpu import f32 as ck\n'
       'rng = np.random.default_rng(7)\n'
       'w = jnp.asarray(rng.standard_normal((96, 200)), jnp.bfloat16).astype(jnp.float32)\n'
       'x = jnp.asarray(rng.standard_normal((9, 96)), jnp.float32)\n'
-      'print(np.asarray(ck.matmul(x, ck.pack(w, bf16=True), 200)).tobytes().hex())\n')
+      'print(np.asarray(ck.matmul(x, ck.pack(w, bf16_storage=True), 200)).tobytes().hex())\n')
   rng = np.random.default_rng(7)
   w = jnp.asarray(rng.standard_normal((96, 200)), jnp.bfloat16).astype(jnp.float32)
   x = jnp.asarray(rng.standard_normal((9, 96)), jnp.float32)
-  want = np.asarray(cpu_kernels.matmul(x, cpu_kernels.pack(w), 200)).tobytes().hex()
+  want = np.asarray(f32.matmul(x, f32.pack(w), 200)).tobytes().hex()
   for avx512 in ('0', '1'):
     out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
                          env=dict(os.environ, SPECDEC_CPU_KERNELS_AVX512=avx512), check=True)
@@ -113,9 +115,9 @@ def test_bf16_panels_without_avx512_tiles_give_the_same_products():
 
 def test_holds_in_bf16_only_for_bfloat16_values():
   w = _bf16_valued((8, 8), 0)
-  assert bool(cpu_kernels.holds_in_bf16(jnp.asarray(w)))
+  assert bool(f32.holds_in_bf16(jnp.asarray(w)))
   w[3, 4] += np.float32(2.0 ** -20) * max(1.0, abs(float(w[3, 4])))  # below bfloat16's step
-  assert not bool(cpu_kernels.holds_in_bf16(jnp.asarray(w)))
+  assert not bool(f32.holds_in_bf16(jnp.asarray(w)))
 
 
 def _tiny(logits_via_embedding, dtype='float32'):
@@ -133,12 +135,12 @@ def _tiny(logits_via_embedding, dtype='float32'):
 def test_decode_kernels_cover_every_dense_layer_and_agree_with_xla(tied, dtype):
   """dtype as gin gives it (a name) or as a type."""
   module, params, enc = _tiny(tied, dtype)
-  packed = network.decode_kernels(params)
+  packed = packing.decode_kernels(params)
   dense = [p for p, _ in jax.tree_util.tree_leaves_with_path(params) if p[-1].key == 'kernel']
   assert len(jax.tree_util.tree_leaves(packed)) == len(dense) + tied
   assert ('token_embedder' in packed) == tied
   plain = {'params': params}
-  fast = dict(plain, **{cpu_kernels.COLLECTION: packed})
+  fast = dict(plain, **{matmul.COLLECTION: packed})
   tokens = jnp.asarray([[0, 5, 7, 9], [0, 3, 4, 4]], jnp.int32)
 
   def logits(variables):
@@ -155,24 +157,24 @@ def test_decode_kernels_cover_every_dense_layer_and_agree_with_xla(tied, dtype):
   # The cached attention is the row kernels' (with or without packed weights): one call
   # per attention block of each decoder layer.
   for jaxpr in (fast_jaxpr, plain_jaxpr):
-    assert jaxpr.count(cpu_kernels._TARGET_ATTENTION) == 2 * 2  # pylint: disable=protected-access
+    assert jaxpr.count(build.CACHED_ATTENTION) == 2 * 2
 
 
 def test_generate_uses_the_kernels_once_per_params_and_matches_xla():
   module, params, enc = _tiny(True)
-  variables = api.decode_variables(module, params)
-  assert cpu_kernels.COLLECTION in variables
-  assert api.decode_variables(module, params)[cpu_kernels.COLLECTION] is \
-      variables[cpu_kernels.COLLECTION]  # packed once, cached while params live
+  variables = packing.decode_variables(module, params)
+  assert matmul.COLLECTION in variables
+  assert packing.decode_variables(module, params)[matmul.COLLECTION] is \
+      variables[matmul.COLLECTION]  # packed once, cached while params live
   fast = api.generate((module, params), enc, draft=(module, params), gamma=3,
                       max_decode_length=10)
   ar_fast = api.generate((module, params), enc, max_decode_length=10)
-  assert not cpu_kernels.enabled('xla')
-  assert cpu_kernels.COLLECTION not in api.decode_variables(module, params, 'xla')
+  assert not modes.enabled('xla')
+  assert matmul.COLLECTION not in packing.decode_variables(module, params, 'xla')
   plain = api.generate((module, params), enc, max_decode_length=10, cpu_kernels='xla')
   for mode, kernel_calls in (('xla', False), ('packed', True)):  # traced in the config's mode
     program = api.decode_program(module, None, max_len=10, config=DecodeConfig(cpu_kernels=mode))
-    jaxpr = str(jax.make_jaxpr(program)(api.decode_variables(module, params, mode), None, enc,
+    jaxpr = str(jax.make_jaxpr(program)(packing.decode_variables(module, params, mode), None, enc,
                                         jax.random.PRNGKey(0), 1))
     assert ('specdec_' in jaxpr) == kernel_calls, mode  # every kernel's FFI target
   np.testing.assert_array_equal(fast.tokens, ar_fast.tokens)  # greedy: exact either way
@@ -186,8 +188,8 @@ def test_the_panels_of_params_freed_are_freed_with_them():
   module, params, _ = _tiny(False)
   params = jax.tree_util.tree_map(lambda x: x + 0, params)  # leaves only this test holds
   panels = weakref.ref(jax.tree_util.tree_leaves(
-      api.decode_variables(module, params)[cpu_kernels.COLLECTION])[0])
-  cached = lambda: [m for _, m in api._PACKED.values()
+      packing.decode_variables(module, params)[matmul.COLLECTION])[0])
+  cached = lambda: [m for m in packing.cached_collections()
                     if any(x is panels() for x in jax.tree_util.tree_leaves(m))]
   assert panels() is not None and len(cached()) == 1  # cached while the params live
   del params
@@ -200,15 +202,15 @@ def test_params_restored_from_bfloat16_decode_with_bf16_panels_and_the_same_toke
   decode to the very tokens of float32 panels; other params, or kernel mode 'packed_f32',
   get float32 panels."""
   module, params, enc = _tiny(True)
-  assert not bool(network.kernels_hold_in_bf16(params))  # a float32 init
-  dtypes = lambda v: {str(x.dtype) for x in jax.tree_util.tree_leaves(v[cpu_kernels.COLLECTION])}
-  assert dtypes(api.decode_variables(module, params)) == {'float32'}
+  assert not bool(packing.kernels_hold_in_bf16(params))  # a float32 init
+  dtypes = lambda v: {str(x.dtype) for x in jax.tree_util.tree_leaves(v[matmul.COLLECTION])}
+  assert dtypes(packing.decode_variables(module, params)) == {'float32'}
   restored = jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16).astype(jnp.float32), params)
-  assert bool(network.kernels_hold_in_bf16(restored))
-  assert dtypes(api.decode_variables(module, restored)) == {'bfloat16'}
+  assert bool(packing.kernels_hold_in_bf16(restored))
+  assert dtypes(packing.decode_variables(module, restored)) == {'bfloat16'}
   run = lambda **kw: api.generate((module, restored), enc, max_decode_length=10, **kw).tokens
   half = [run(), run(draft=(module, restored), gamma=3)]
-  assert dtypes(api.decode_variables(module, restored, 'packed_f32')) == {'float32'}
+  assert dtypes(packing.decode_variables(module, restored, 'packed_f32')) == {'float32'}
   full = [run(cpu_kernels='packed_f32'), run(draft=(module, restored), gamma=3,
                                             cpu_kernels='packed_f32')]
   for a, b in zip(half, full):
@@ -226,7 +228,7 @@ def test_packing_inside_a_trace_is_never_cached():
   outside = api.generate((module, params), enc, draft=(module, params), gamma=2,
                          max_decode_length=6)
   np.testing.assert_array_equal(inside, outside.tokens)
-  packed = api.decode_variables(module, params)[cpu_kernels.COLLECTION]
+  packed = packing.decode_variables(module, params)[matmul.COLLECTION]
   assert not any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(packed))
 
 
@@ -237,7 +239,7 @@ def test_params_cast_to_bfloat16_get_bfloat16_panels_inside_a_trace_too():
   values in float32 and of XLA's ops."""
   module, params, enc = _tiny(True)
   half = jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16), params)
-  packed = lambda p: api.decode_variables(module, p)[cpu_kernels.COLLECTION]
+  packed = lambda p: packing.decode_variables(module, p)[matmul.COLLECTION]
   for made in (packed(half), jax.jit(packed)(half)):
     assert {str(x.dtype) for x in jax.tree_util.tree_leaves(made)} == {'bfloat16'}
     assert 'embedding' in made['token_embedder']  # the tied logits: no per-step transpose
@@ -256,13 +258,14 @@ def test_params_cast_to_bfloat16_get_bfloat16_panels_inside_a_trace_too():
 def test_without_a_compiler_decoding_falls_back_to_xla(tmp_path):
   code = (
       'import jax, jax.numpy as jnp, numpy as np\n'
-      'from specdec_t5x.algorithm import api, cpu_kernels, network\n'
+      'from specdec_t5x.algorithm import api, network\n'
+      'from specdec_t5x.algorithm.cpu import matmul, modes, packing\n'
       'cfg = network.T5Config(vocab_size=64, emb_dim=16, num_heads=1, num_encoder_layers=1,'
       ' num_decoder_layers=1, head_dim=8, mlp_dim=32, dropout_rate=0.0)\n'
       'm = network.Transformer(cfg); enc = jnp.ones((1, 4), jnp.int32)\n'
       'p = m.init(jax.random.PRNGKey(0), enc, enc)["params"]\n'
-      'assert not cpu_kernels.enabled()\n'
-      'assert cpu_kernels.COLLECTION not in api.decode_variables(m, p)\n'
+      'assert not modes.enabled()\n'
+      'assert matmul.COLLECTION not in packing.decode_variables(m, p)\n'
       'print(api.generate((m, p), enc, max_decode_length=3).tokens.shape)\n')
   env = dict(os.environ, CXX=str(tmp_path / 'no-such-compiler'),
              SPECDEC_KERNEL_CACHE=str(tmp_path / 'cache'), JAX_PLATFORMS='cpu')
@@ -275,9 +278,9 @@ def test_without_a_compiler_decoding_falls_back_to_xla(tmp_path):
 
 def test_build_is_cached_and_atomic(tmp_path, monkeypatch):
   monkeypatch.setenv('SPECDEC_KERNEL_CACHE', str(tmp_path))
-  path = cpu_kernels.build()
+  path = build.build()
   stamp = os.stat(path).st_mtime_ns
-  assert cpu_kernels.build() == path and os.stat(path).st_mtime_ns == stamp
+  assert build.build() == path and os.stat(path).st_mtime_ns == stamp
   assert sorted(os.listdir(tmp_path)) == sorted([os.path.basename(path),
                                                  os.path.basename(path) + '.lock'])
 
@@ -300,7 +303,7 @@ def test_cached_attention_matches_float64_and_each_query_alone(s, d):
   q = rng.standard_normal((b, q_len, h, d)).astype(np.float32)
   k_t = rng.standard_normal((b, h, d, s)).astype(np.float32)
   v = rng.standard_normal((b, h, s, d)).astype(np.float32)
-  attend = jax.jit(cpu_kernels.cached_attention)
+  attend = jax.jit(attention.cached_attention)
   for shape in ((b, h, q_len, s), (b, 1, 1, s), (1, h, q_len, s), (1, 1, 1, s)):
     bias = rng.standard_normal(shape).astype(np.float32) * 3
     bias[..., s // 2 + 1:] = -1e10  # masked slots: weight 0
@@ -319,15 +322,15 @@ def test_cached_attention_nonfinite_scores_and_bad_shapes():
   v = rng.standard_normal((1, 2, 6, 4)).astype(np.float32)
   bias = np.zeros((1, 1, 1, 6), np.float32)
   q[0, 1, 0, 2] = np.nan
-  out = np.asarray(cpu_kernels.cached_attention(q, k_t, v, bias))
+  out = np.asarray(attention.cached_attention(q, k_t, v, bias))
   assert np.isnan(out[0, 1, 0]).all() and np.isfinite(np.delete(out.reshape(4, 4), 2, 0)).all()
   bias_inf = bias.copy()
   bias_inf[..., 3] = np.inf
-  assert np.isnan(np.asarray(cpu_kernels.cached_attention(q[:, :1], k_t, v, bias_inf))).all()
+  assert np.isnan(np.asarray(attention.cached_attention(q[:, :1], k_t, v, bias_inf))).all()
   with pytest.raises(ValueError, match='4-d'):
-    cpu_kernels.cached_attention(q, k_t, v, bias[0])
+    attention.cached_attention(q, k_t, v, bias[0])
   with pytest.raises(Exception, match='cached_attention needs'):
-    cpu_kernels.cached_attention(q, k_t, v[:, :, :5], bias)
+    attention.cached_attention(q, k_t, v[:, :, :5], bias)
 
 
 def test_cached_attention_differentiates_as_xla_attention():
@@ -344,4 +347,4 @@ def test_cached_attention_differentiates_as_xla_attention():
   xla = jax.grad(loss(layers._xla_cached_context), argnums=(0, 1, 2, 3))  # pylint: disable=protected-access
   for got, want in zip(kernel(q, k_t, v, bias), xla(q, k_t, v, bias)):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-  assert cpu_kernels._TARGET_ATTENTION in str(jax.make_jaxpr(kernel)(q, k_t, v, bias))  # pylint: disable=protected-access
+  assert build.CACHED_ATTENTION in str(jax.make_jaxpr(kernel)(q, k_t, v, bias))

@@ -9,20 +9,21 @@ import textwrap
 import pytest
 from conftest import run_child
 
-from specdec_t5x.algorithm import cpu_kernels
+from specdec_t5x.algorithm.cpu import build
 
 
 pytestmark = pytest.mark.skipif(
-    not cpu_kernels._cpu_has_avx2_fma(),  # pylint: disable=protected-access
+    not build.cpu_has_avx2_fma(),
     reason='the packed CPU matmul needs x86-64 with AVX2 and FMA')
 
 _CHILD = textwrap.dedent('''
     import json
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from specdec_t5x.algorithm import api, cpu_kernels, network
+    from specdec_t5x.algorithm import api, network
+    from specdec_t5x.algorithm.cpu import matmul, modes, packing
     from specdec_t5x.algorithm.config import DecodeConfig
-    assert jax.device_count() == 8 and cpu_kernels.enabled()
+    assert jax.device_count() == 8 and modes.enabled()
 
     cfg = network.T5Config(vocab_size=64, emb_dim=32, num_heads=8, num_encoder_layers=1,
                            num_decoder_layers=1, head_dim=4, mlp_dim=64, dropout_rate=0.0,
@@ -37,11 +38,11 @@ _CHILD = textwrap.dedent('''
     one_device = jax.tree_util.tree_map(lambda w: jax.device_put(w, jax.devices()[5]), params)
 
     def has_packed(p):
-      return cpu_kernels.COLLECTION in api.decode_variables(module, p)
+      return matmul.COLLECTION in packing.decode_variables(module, p)
 
     def kernel_calls(p):  # the custom calls in the compiled generate program
-      fn = api._compiled(module, None, max_len=5, config=DecodeConfig())
-      text = fn.lower(api.decode_variables(module, p), None, x, jax.random.PRNGKey(0),
+      fn = api.compiled_program(module, None, max_len=5, config=DecodeConfig())
+      text = fn.lower(packing.decode_variables(module, p), None, x, jax.random.PRNGKey(0),
                       jnp.int32(1)).as_text()
       return text.count('specdec_panel_matmul')
 

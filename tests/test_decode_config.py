@@ -13,7 +13,8 @@ import pytest
 
 from conftest import random_inputs, run_child
 from specdec_t5x import generate
-from specdec_t5x.algorithm import api, cpu_kernels, decoding, programs, stats
+from specdec_t5x.algorithm import api, decoding, programs, stats
+from specdec_t5x.algorithm.cpu import modes
 from specdec_t5x.algorithm.config import DecodeConfig, GammaPolicy
 from specdec_t5x.integration import infer, models
 
@@ -204,9 +205,9 @@ def test_the_kernel_mode_keys_the_compiled_program(target_and_draft, monkeypatch
   target, draft = target_and_draft
   enc = random_inputs(2, 7, 40, seed=3)
   outs = {mode: generate(target, enc, draft=draft, gamma=2, max_decode_length=6, cpu_kernels=mode)
-          for mode in cpu_kernels.MODES}  # the speculative program: the verify's kernels
-  assert [key[-1].cpu_kernels for key in api._COMPILED] == list(cpu_kernels.MODES)  # pylint: disable=protected-access
-  for mode in cpu_kernels.MODES:
+          for mode in modes.MODES}  # the speculative program: the verify's kernels
+  assert [key[-2].cpu_kernels for key in api._COMPILED] == list(modes.MODES)  # pylint: disable=protected-access
+  for mode in modes.MODES:
     np.testing.assert_array_equal(outs[mode].tokens, outs['packed'].tokens)
 
 

@@ -29,6 +29,7 @@ from test_tree_feature_head import (check_first_head_calls,
                                     dist_target)  # pylint: disable=unused-import
 from specdec_t5x import generate
 from specdec_t5x.algorithm import api, sampling
+from specdec_t5x.algorithm.cpu import packing
 from specdec_t5x.algorithm.config import DecodeConfig
 
 REDUCED = tuple(range(1, ttd.VOCAB, 3))
@@ -63,7 +64,7 @@ def _verified(target, head, enc, config):
 
   program = jax.jit(api.decode_program(target[0], head[0], max_len=ttd.L, config=config,
                                        wrap=wrap))
-  variables = [api.decode_variables(*model, config.cpu_kernels) for model in (target, head)]
+  variables = [packing.decode_variables(*model, config.cpu_kernels) for model in (target, head)]
   out = []
   for row in enc:
     calls.clear()

@@ -16,7 +16,7 @@ import sys
 import jax
 import pytest
 
-from specdec_t5x.algorithm import cpu_kernels
+from specdec_t5x.algorithm.cpu import build, modes
 from specdec_t5x.integration import console, infer_output
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -79,16 +79,16 @@ def _can_build() -> bool:
   """Whether the CPU kernels build here (the CPU backend, an x86-64 CPU with AVX2 and FMA,
   a C++ compiler)."""
   return (jax.default_backend() == 'cpu'
-          and cpu_kernels._cpu_runs_kernels()  # pylint: disable=protected-access
+          and build.cpu_runs_kernels()
           and shutil.which(os.environ.get('CXX', 'g++')) is not None)
 
 
 def test_needs_build_only_without_a_built_library(tmp_path, monkeypatch):
   monkeypatch.setenv('SPECDEC_KERNEL_CACHE', str(tmp_path))
-  assert not cpu_kernels.needs_build('xla')  # that mode builds nothing
-  assert cpu_kernels.needs_build('packed') == _can_build()
-  pathlib.Path(cpu_kernels._library_path()).write_bytes(b'')  # pylint: disable=protected-access
-  assert not cpu_kernels.needs_build('packed')  # reused from the cache: no build, no line
+  assert not modes.needs_build('xla')  # that mode builds nothing
+  assert modes.needs_build('packed') == _can_build()
+  pathlib.Path(build.library_path()).write_bytes(b'')
+  assert not modes.needs_build('packed')  # reused from the cache: no build, no line
 
 
 def _metrics(out, baseline):

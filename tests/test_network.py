@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import jit_apply, make_model, random_inputs, tiny_config
-from specdec_t5x.algorithm import api, cpu_kernels
+from specdec_t5x.algorithm.cpu import build, matmul, modes, packing
 from specdec_t5x.algorithm.network import Transformer, relative_position_bucket
 
 
@@ -101,21 +101,21 @@ def _extend_program(model, variables, cache, num_tokens):
 @pytest.mark.parametrize('mode', ['packed', 'xla'])
 def test_each_query_of_a_cached_call_attends_as_a_one_token_call(packed, mode):
   """On XLA:CPU a k-token call (a verify window, a draft's catch-up) attends one query at a
-  time: with the row kernels, one cpu_kernels.cached_attention call per attention block
+  time: with the row kernels, one cpu.attention.cached_attention call per attention block
   (whatever k); without them, k times the attention products of a one-token call (a
   product over a few queries would be a separate dot of a fixed cost); under
   accelerator_forms, one product over all queries. Each row's logits are bitwise those of
   one-token calls, with XLA's dot or the packed kernel."""
   model = make_model(tiny_config(), seed=7)
-  variables = api.decode_variables(*model) if packed else {'params': model[1]}
-  assert (cpu_kernels.COLLECTION in variables) == (packed and cpu_kernels.enabled())
-  with cpu_kernels.decode_mode(mode):  # programs traced here take this kernel mode
+  variables = packing.decode_variables(*model) if packed else {'params': model[1]}
+  assert (matmul.COLLECTION in variables) == (packed and modes.enabled())
+  with modes.decode_mode(mode):  # programs traced here take this kernel mode
     _check_cached_calls(model, variables, mode)
 
 
 def _check_cached_calls(model, variables, mode):
-  attention_kernel = cpu_kernels.enabled(mode)
-  assert attention_kernel == (mode == 'packed' and cpu_kernels._cpu_has_avx2_fma())  # pylint: disable=protected-access
+  attention_kernel = modes.enabled(mode)
+  assert attention_kernel == (mode == 'packed' and build.cpu_has_avx2_fma())
   enc = jnp.asarray(random_inputs(2, 9, 40, seed=8))
   dec = jnp.asarray(np.random.RandomState(9).randint(2, 40, size=(2, 7)), jnp.int32)
   module = model[0]
@@ -126,14 +126,14 @@ def _check_cached_calls(model, variables, mode):
     text = _extend_program(model, variables, cache, num_tokens).compile().as_text()
     lines = text.splitlines()
     return (sum(' dot(' in line and not _DENSE_DOT.search(line) for line in lines),
-            sum(cpu_kernels._TARGET_ATTENTION in line and 'custom-call(' in line  # pylint: disable=protected-access
+            sum(build.CACHED_ATTENTION in line and 'custom-call(' in line
                 for line in lines))
   blocks = 2 * tiny_config().num_decoder_layers  # self- and cross-attention per layer
   if attention_kernel:
     assert count(1) == count(3) == (0, blocks)
   else:
     assert count(1)[0] > 0 and count(3) == (3 * count(1)[0], 0)
-  with cpu_kernels.accelerator_forms():  # as compiled_costs lowers an accelerator's programs
+  with modes.accelerator_forms():  # as compiled_costs lowers an accelerator's programs
     assert count(3) == count(1) and count(1)[0] > 0
 
   step = jax.jit(lambda c, t, p: module.apply(variables, c, t, p, method='extend'))

@@ -107,7 +107,7 @@ def test_empty_batch_is_a_clear_error(target_and_draft):
 def _no_trace(monkeypatch):
   """Makes any compilation of the decode fail loudly: the checks must come first."""
   from specdec_t5x.algorithm import api  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(api, '_compiled', lambda *a, **k: pytest.fail('traced before checks'))
+  monkeypatch.setattr(api, 'compiled_program', lambda *a, **k: pytest.fail('traced before checks'))
 
 
 @pytest.mark.parametrize('kwargs,pattern', [

@@ -16,7 +16,7 @@ import gin
 import pytest
 from conftest import train_tiny_spm
 
-from specdec_t5x.algorithm import cpu_kernels
+from specdec_t5x.algorithm.cpu import modes
 from specdec_t5x.integration import demo, infer, run_dir, tasks, vocab_check
 
 pytestmark = pytest.mark.slow  # the runner end to end
@@ -25,7 +25,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 OUTPUT = 'demo_ende-predict_with_aux.jsonl-00000-of-00001'  # mode: T5X's default
 BASELINE = 'demo_ende-predict_with_aux-baseline.jsonl-00000-of-00001'
 # A kernel mode other than the one the finished run decoded in (the default).
-OTHER_KERNEL_MODE = 'xla' if cpu_kernels.default_mode() != 'xla' else 'packed'
+OTHER_KERNEL_MODE = 'xla' if modes.default_mode() != 'xla' else 'packed'
 
 
 @pytest.fixture(autouse=True)

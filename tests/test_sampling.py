@@ -6,7 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from specdec_t5x.algorithm import cpu_kernels, sampling
+from specdec_t5x.algorithm import sampling
+from specdec_t5x.algorithm.cpu import modes
 
 FORMS = pytest.mark.parametrize('accelerator_forms', [False, True],
                                 ids=['cpu_forms', 'accelerator_forms'])
@@ -15,11 +16,11 @@ FORMS = pytest.mark.parametrize('accelerator_forms', [False, True],
 def _sampler(accelerator_forms, keys, probs):
   """sampling.sample jitted in the chosen form (on CPU the row kernel, elsewhere the
   two-level CDF of XLA ops), checked to take it."""
-  form = cpu_kernels.accelerator_forms() if accelerator_forms else contextlib.nullcontext()
+  form = modes.accelerator_forms() if accelerator_forms else contextlib.nullcontext()
   with form:  # a fresh function: jit reuses a function's trace, whatever the form
     fn = jax.jit(lambda k, p: sampling.sample(k, p))  # pylint: disable=unnecessary-lambda
     uses_kernel = 'specdec_row_sample' in fn.lower(keys, probs).as_text()
-  assert uses_kernel == (not accelerator_forms and cpu_kernels.enabled())
+  assert uses_kernel == (not accelerator_forms and modes.enabled())
   return fn
 
 
@@ -93,11 +94,11 @@ def test_argmax_is_jnp_argmax_on_ties_infinities_and_nans(accelerator_forms, voc
   x[7, 0, vocab - 1] = -np.inf
   x[8, 1, :] = -3.0
   x[8, 1, vocab - 1] = 1e30
-  form = cpu_kernels.accelerator_forms() if accelerator_forms else contextlib.nullcontext()
+  form = modes.accelerator_forms() if accelerator_forms else contextlib.nullcontext()
   with form:  # fresh functions: jit reuses a function's trace, whatever the form
     fn = jax.jit(lambda a: sampling.argmax_checked(a))  # pylint: disable=unnecessary-lambda
     uses_kernel = 'specdec_row_argmax' in fn.lower(x).as_text()
-    assert uses_kernel == (not accelerator_forms and cpu_kernels.enabled())
+    assert uses_kernel == (not accelerator_forms and modes.enabled())
     for dtype in (np.float32, jax.numpy.bfloat16):
       index, bad = fn(x.astype(dtype))
       np.testing.assert_array_equal(index, np.asarray(jax.numpy.argmax(x.astype(dtype), -1)))
@@ -149,13 +150,13 @@ def test_standardize_checked_is_the_reductions_form_on_edge_rows(accelerator_for
   x[6, 2, 7] = 1e30
   x[7, 0, :] = np.linspace(-130.0, 0.0, 300) * cfg.temperature  # exp's whole range, underflow
   x[7, 1, :] = np.linspace(-1.0, 1.0, 300)
-  form = cpu_kernels.accelerator_forms() if accelerator_forms else contextlib.nullcontext()
+  form = modes.accelerator_forms() if accelerator_forms else contextlib.nullcontext()
   with form:
     fn = jax.jit(lambda a: sampling.standardize_checked(a, cfg))
     uses_kernel = 'specdec_row_softmax' in fn.lower(x).as_text()
     probs, bad = fn(x)
   # The kernel takes the plain temperature form; top-k / top-p keep XLA's ops.
-  assert uses_kernel == (not accelerator_forms and cpu_kernels.enabled()
+  assert uses_kernel == (not accelerator_forms and modes.enabled()
                          and not cfg.topk and not cfg.topp)
   np.testing.assert_array_equal(bad, ~np.isfinite(x).all(-1))
   no_nan = ~np.isnan(x).any(-1)

@@ -1,5 +1,5 @@
 """The temperature and the top-p mass are run-time arguments of a compiled decode program
-(SamplingConfig.values, api._compiled): one program serves every value, a sweep over them
+(SamplingConfig.values, api.compiled_program): one program serves every value, a sweep over them
 compiles nothing new, and each value decodes bitwise as a program that holds it as a
 constant (api.decode_program with sampling=None) does."""
 
@@ -13,6 +13,7 @@ import pytest
 from conftest import random_inputs
 from specdec_t5x import generate
 from specdec_t5x.algorithm import api, sampling
+from specdec_t5x.algorithm.cpu import packing
 from specdec_t5x.algorithm.config import DecodeConfig
 
 MAX_LEN = 8
@@ -43,7 +44,7 @@ def test_run_time_values_decode_as_constants_do(target_and_draft, mode, kw):
   out = generate(target, enc, max_decode_length=MAX_LEN, rng=rng, eos_id=-1,
                  cpu_kernels=mode, **kw)
   baked = jax.jit(api.decode_program(target[0], None, max_len=MAX_LEN, config=config))
-  tokens = baked(api.decode_variables(*target, mode), None, enc, rng, jnp.int32(-1))[0]
+  tokens = baked(packing.decode_variables(*target, mode), None, enc, rng, jnp.int32(-1))[0]
   np.testing.assert_array_equal(out.tokens, tokens)
 
 

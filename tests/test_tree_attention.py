@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from conftest import make_model, random_inputs, tiny_config
-from specdec_t5x.algorithm import api, cpu_kernels, tree
+from specdec_t5x.algorithm import tree
+from specdec_t5x.algorithm.cpu import modes, packing
 from specdec_t5x.algorithm.network import Transformer
 
 # Two rows, two different trees of 8 nodes. Row 0: the root has children 1 and 2, node 3
@@ -45,14 +46,14 @@ def _params(v11: bool):
 @functools.lru_cache(maxsize=None)
 def _setup(v11: bool, dtype, mode: str):
   """(jitted calls, decode variables, the cache after a prefix), made for kernel mode
-  `mode`: call them only inside cpu_kernels.decode_mode(mode), where they were traced."""
+  `mode`: call them only inside modes.decode_mode(mode), where they were traced."""
   module, params = Transformer(tiny_config(v11=v11, dtype=dtype)), _params(v11)
-  variables = api.decode_variables(module, params, mode)
+  variables = packing.decode_variables(module, params, mode)
   extend = lambda v, c, t, p, **kw: module.apply(v, c, t, p, method='extend', **kw)
   calls = {'module': module, 'chain': jax.jit(extend),
            'tree': jax.jit(lambda v, c, t, p, parents: extend(v, c, t, p, tree=parents)),
            'compact': jax.jit(tree.compact)}
-  with cpu_kernels.decode_mode(mode):
+  with modes.decode_mode(mode):
     enc = jnp.asarray(random_inputs(2, 9, 40, seed=12))
     encoded = jax.jit(lambda v, e: module.apply(v, e, method='encode'))(variables, enc)
     cache = jax.jit(lambda v, x, e: module.apply(v, x, e, 24, method='init_cache'))(
@@ -96,7 +97,7 @@ def test_tree_shapes_and_validation():
 
 def test_a_tree_call_takes_parents_of_its_tokens_shape():
   calls, variables, cache = _setup(True, jnp.float32, 'xla')
-  with cpu_kernels.decode_mode('xla'):
+  with modes.decode_mode('xla'):
     with pytest.raises(ValueError, match=r'takes parents of that shape, got \(2, 4\)'):
       calls['tree'](variables, cache, _tokens(1, 8), jnp.asarray(POSITIONS), tree.chain(2, 4))
 
@@ -107,7 +108,7 @@ def test_each_node_of_a_tree_call_is_a_chain_call_over_its_path(v11, dtype, mode
   same cache (all paths of a node index in one batched call, each row's path padded after
   its end: causal, so the padding changes nothing before it)."""
   calls, variables, cache = _setup(v11, dtype, mode)
-  with cpu_kernels.decode_mode(mode):
+  with modes.decode_mode(mode):
     tokens = _tokens(14, PARENTS.shape[1])
     positions = jnp.asarray(POSITIONS)
     logits, _ = calls['tree'](variables, cache, tokens, positions, jnp.asarray(PARENTS))
@@ -125,7 +126,7 @@ def test_each_node_of_a_tree_call_is_a_chain_call_over_its_path(v11, dtype, mode
 @pytest.mark.parametrize('mode', MODES)
 def test_a_chain_tree_is_todays_call(mode):
   calls, variables, cache = _setup(True, jnp.float32, mode)
-  with cpu_kernels.decode_mode(mode):
+  with modes.decode_mode(mode):
     tokens, positions = _tokens(16, 5), jnp.asarray(POSITIONS)
     as_tree = calls['tree'](variables, cache, tokens, positions, tree.chain(2, 5))
     plain = calls['chain'](variables, cache, tokens, positions)
@@ -135,7 +136,7 @@ def test_a_chain_tree_is_todays_call(mode):
 
 def test_a_tree_call_returns_features():
   calls, variables, cache = _setup(True, jnp.float32, 'packed')
-  with cpu_kernels.decode_mode('packed'):
+  with modes.decode_mode('packed'):
     tokens, positions, parents = _tokens(17, 8), jnp.asarray(POSITIONS), jnp.asarray(PARENTS)
     logits, _ = calls['tree'](variables, cache, tokens, positions, parents)
     module = calls['module']
@@ -162,7 +163,7 @@ def test_compaction_leaves_the_cache_of_a_chain_over_the_path(v11, dtype, mode):
   slots are bitwise a chain call's, the next call's logits are bitwise those of a decode
   that only ever fed the path, and the rejected nodes' tokens do not reach them."""
   calls, variables, cache = _setup(v11, dtype, mode)
-  with cpu_kernels.decode_mode(mode):
+  with modes.decode_mode(mode):
     positions, parents = jnp.asarray(POSITIONS), jnp.asarray(PARENTS)
     tokens = np.asarray(_tokens(18, PARENTS.shape[1]))
     following = _tokens(19, LONGEST)

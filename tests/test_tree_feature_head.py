@@ -29,6 +29,7 @@ import test_tree_decoding as ttd
 from test_feature_draft import make_head
 from specdec_t5x import generate
 from specdec_t5x.algorithm import api, sampling, tree_accept
+from specdec_t5x.algorithm.cpu import packing
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.research.train import feature_head as feature_train
 
@@ -80,7 +81,7 @@ def _first_head_calls(target, head, enc, config, max_len):
 
   program = jax.jit(api.decode_program(target[0], head[0], max_len=max_len, config=config,
                                        wrap=wrap))
-  variables = [api.decode_variables(*model, config.cpu_kernels) for model in (target, head)]
+  variables = [packing.decode_variables(*model, config.cpu_kernels) for model in (target, head)]
   outputs, steps = [], []
   for row in enc:
     calls.clear()

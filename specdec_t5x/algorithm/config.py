@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, Optional, Tuple, Union
 
-from specdec_t5x.algorithm import cpu_kernels
+from specdec_t5x.algorithm.cpu import modes
 from specdec_t5x.algorithm import sampling as sampling_lib
 
 GAMMA_POLICIES = ('fixed', 'confidence', 'running_alpha')
@@ -126,11 +126,11 @@ class DecodeConfig:
       of fixed top-W guesses. Every grown node is verified (draft_tree_nodes 0: keeping the
       likelier draws would bias them). Temperature 0 grows the top-W tree whatever it says.
     cpu_kernels: on the CPU backend, which kernels the decode path runs
-      (cpu_kernels.MODES): 'packed' (the packed matmul and row kernels, bfloat16 panels
+      (cpu.modes.MODES): 'packed' (the packed matmul and row kernels, bfloat16 panels
       where bfloat16 holds the weights exactly), 'packed_f32' (float32 panels only),
       'xla' (XLA's ops only) or 'packed_bf16' ('packed', and a bfloat16 network's bfloat16
-      layers with vdpbf16ps: cpu_bf16.py); None (the default) takes $SPECDEC_CPU_KERNELS's mode
-      (cpu_kernels.default_mode, read once). Stored resolved: it is part of the compiled
+      layers with vdpbf16ps: cpu/bf16.py); None (the default) takes $SPECDEC_CPU_KERNELS's mode
+      (cpu.modes.default_mode, read once). Stored resolved: it is part of the compiled
       program's key and of a run's identity. Other backends ignore it.
   """
   temperature: float = 0.0
@@ -188,7 +188,7 @@ class DecodeConfig:
     if policy.kind == 'confidence' and self.verifier == 'block':
       raise ValueError("gamma_policy='confidence' is verified token-wise only: block "
                        'verification assumes draft lengths fixed before drafting.')
-    set_('cpu_kernels', cpu_kernels.check_mode(self.cpu_kernels or cpu_kernels.default_mode()))
+    set_('cpu_kernels', modes.check_mode(self.cpu_kernels or modes.default_mode()))
     copy_branch = _integer(self.copy_branch)
     if copy_branch is None or not 0 <= copy_branch <= MAX_GAMMA:
       raise ValueError(f'copy_branch must be an integer in [0, {MAX_GAMMA}] (tokens of the '
@@ -301,7 +301,7 @@ class DecodeConfig:
   def program_key(self) -> 'DecodeConfig':
     """This config with the sampling values that a compiled program takes at run time
     replaced by stand-ins (SamplingConfig.program_key): equal for configs that share one
-    compiled decode program (api._compiled)."""
+    compiled decode program (api.compiled_program)."""
     key = self.sampling.program_key()
     return self.replace(temperature=key.temperature, topp=key.topp)
 

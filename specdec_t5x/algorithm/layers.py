@@ -4,10 +4,11 @@ Each keeps T5X's parameter names, shapes and logical axis names (t5x/examples/t5
 and T5X's dtype casts, so a tree of these modules is T5X's tree and computes T5X's values
 bit for bit. Attention exposes its projections (`project_q`, `project_kv`) and `attend`
 separately, so the decoder can run its multi-token cache over them (network.DecoderLayer).
-Dense and Embed.attend use cpu_kernels' packed matmul when the variables carry packed
-weights (decode only: network.decode_kernels); otherwise they are T5X's computation.
-Embed.attend also takes the table already transposed (collection TRANSPOSED, decode only:
-network.transposed_embedding) for XLA's dot on CPU.
+Dense and Embed.attend use the CPU kernels' packed matmul when the variables carry a
+packed entry for them (decode only: cpu.packing.decode_variables), through cpu.matmul.apply,
+which reads the entry's format; otherwise they are T5X's computation. Embed.attend also
+takes the table already transposed (collection TRANSPOSED, decode only:
+cpu.packing.transposed_embedding) for XLA's dot on CPU.
 
 Shapes use T5X's bracket comments: `# [batch, length, emb]`.
 """
@@ -22,7 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import cpu_bf16, cpu_kernels, rows, tree as tree_lib
+from specdec_t5x.algorithm import rows, tree as tree_lib
+from specdec_t5x.algorithm.cpu import attention as cpu_attention, matmul, modes
 
 NUM_BUCKETS = 32  # T5's relative-position buckets ...
 MAX_DISTANCE = 128  # ... log-spaced up to this distance.
@@ -38,14 +40,14 @@ PER_QUERY_MAX = 16
 
 def _per_query(num_queries: int) -> bool:
   """attend_cached attends one query at a time (XLA:CPU, 2..PER_QUERY_MAX queries)."""
-  return 1 < num_queries <= PER_QUERY_MAX and cpu_kernels.cpu_forms()
+  return 1 < num_queries <= PER_QUERY_MAX and modes.cpu_forms()
 
 
 def _attention_kernel(num_queries: int, *arrays) -> bool:
-  """attend_cached runs cpu_kernels.cached_attention (the row kernels' CPU forms, float32
+  """attend_cached runs cpu.attention.cached_attention (the row kernels' CPU forms, float32
   operands, 1..PER_QUERY_MAX queries)."""
   return (num_queries <= PER_QUERY_MAX and all(a.dtype == jnp.float32 for a in arrays)
-          and cpu_kernels.row_kernel())
+          and modes.row_kernel())
 
 
 def _xla_cached_context(q, k_t, v, bias):
@@ -56,13 +58,13 @@ def _xla_cached_context(q, k_t, v, bias):
 
 @jax.custom_vjp
 def _kernel_cached_context(q, k_t, v, bias):
-  """cpu_kernels.cached_attention, differentiable: its gradient is that of the same
+  """cpu.attention.cached_attention, differentiable: its gradient is that of the same
   attention in XLA's ops (training a feature head runs its cached attention)."""
-  return cpu_kernels.cached_attention(q, k_t, v, bias)
+  return cpu_attention.cached_attention(q, k_t, v, bias)
 
 
 def _kernel_context_fwd(q, k_t, v, bias):
-  return cpu_kernels.cached_attention(q, k_t, v, bias), (q, k_t, v, bias)
+  return cpu_attention.cached_attention(q, k_t, v, bias), (q, k_t, v, bias)
 
 
 def _kernel_context_bwd(operands, grad):
@@ -104,12 +106,9 @@ class Dense(nn.Module):
   def __call__(self, x):
     kernel = _param(self, 'kernel', self.kernel_init, (x.shape[-1], self.features),
                     self.kernel_axes)
-    packed = self.has_variable(cpu_kernels.COLLECTION, 'kernel')
-    if packed and cpu_bf16.is_pairs(pairs := self.get_variable(cpu_kernels.COLLECTION, 'kernel')):
-      return cpu_bf16.layer(x, pairs, self.features, self.dtype)  # a bfloat16 network
-    if packed and jnp.dtype(self.dtype) == jnp.float32:  # dtype may be a name ('float32')
-      return cpu_kernels.matmul(x, self.get_variable(cpu_kernels.COLLECTION, 'kernel'),
-                                self.features)
+    if self.has_variable(matmul.COLLECTION, 'kernel'):  # its format says how (decode only)
+      return matmul.apply(x, self.get_variable(matmul.COLLECTION, 'kernel'), self.features,
+                          self.dtype)
     return jnp.dot(x.astype(self.dtype), kernel.astype(self.dtype))
 
 
@@ -233,14 +232,15 @@ class Attention(nn.Module):
     of a high fixed cost (10-20 us each; attending per query makes a 4-token verify of the
     demo target 13-20% cheaper). Each query is then computed as a one-token call computes it.
     With the row kernels on (float32, 1..PER_QUERY_MAX queries) one
-    cpu_kernels.cached_attention call does it all per attention block, in place of ~6
+    cpu.attention.cached_attention call does it all per attention block, in place of ~6
     small XLA:CPU instructions per query, each of a fixed cost; for a bfloat16 network in
-    kernel mode 'packed_bf16', cpu_bf16.cached_attention, with T5X's bfloat16 casts. k_t and
+    kernel mode 'packed_bf16', cpu.attention.cached_attention_bf16, with T5X's bfloat16
+    casts (cpu.modes.pair_attention). k_t and
     v may be a cache's uint16 bits of 16-bit floats (rows.storage_dtype).
     """
     num = q.shape[1]
-    if num <= PER_QUERY_MAX and cpu_bf16.serves_attention(q.dtype):  # bits or bfloat16
-      return self._out(cpu_bf16.cached_attention(q, k_t, v, bias, self.float32_logits)
+    if num <= PER_QUERY_MAX and modes.pair_attention(q.dtype):  # bits or bfloat16
+      return self._out(cpu_attention.cached_attention_bf16(q, k_t, v, bias, self.float32_logits)
                        .astype(self.dtype))
     k_t, v = rows.load(k_t, self.dtype), rows.load(v, self.dtype)  # a cache's 16-bit bits
 
@@ -375,15 +375,13 @@ class Embed(nn.Module):
     """[..., emb] -> [..., vocab] float32: dot products with every embedding.
 
     In float32 whatever `dtype` is, as T5X's tied logits (`attend_dtype=float32`). With
-    decode variables (network.decode_kernels), the packed transposed table; with the
-    TRANSPOSED collection (network.transposed_embedding), the same product on the table
+    decode variables (cpu.packing.decode_variables), the packed transposed table; with the
+    TRANSPOSED collection (cpu.packing.transposed_embedding), the same product on the table
     transposed once outside the decode loop.
     """
-    if self.has_variable(cpu_kernels.COLLECTION, 'embedding'):
-      if cpu_bf16.is_pairs(pairs := self.get_variable(cpu_kernels.COLLECTION, 'embedding')):
-        return cpu_bf16.layer(query, pairs, self.num_embeddings, jnp.float32)
-      return cpu_kernels.matmul(query, self.get_variable(cpu_kernels.COLLECTION, 'embedding'),
-                                self.num_embeddings)
+    if self.has_variable(matmul.COLLECTION, 'embedding'):
+      return matmul.apply(query, self.get_variable(matmul.COLLECTION, 'embedding'),
+                          self.num_embeddings, jnp.float32)
     if self.has_variable(TRANSPOSED, 'embedding'):
       return jnp.dot(query.astype(jnp.float32), self.get_variable(TRANSPOSED, 'embedding'))
     return jnp.dot(query.astype(jnp.float32), self.embedding.astype(jnp.float32).T)

@@ -32,11 +32,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
-from flax import traverse_util
 import flax.linen as nn
 import jax.numpy as jnp
 
-from specdec_t5x.algorithm import cpu_kernels, rows
+from specdec_t5x.algorithm import rows
 from specdec_t5x.algorithm.layers import (Attention, Dense, Embed, MlpBlock,
                                           RelativePositionBias, RMSNorm, kernel_init,
                                           decode_biases, empty_decode_cache, fused_features,
@@ -338,48 +337,6 @@ class Decoder(nn.Module):
     out = self._logits(x, True, return_features, taps)
     cache = note_writes(cache, new_layers, fits)
     return (out[0], cache, out[1]) if return_features else (out, cache)
-
-
-def decode_kernels(params, bf16: bool = False) -> dict:
-  """The `cpu_kernels.COLLECTION` variables for decoding on CPU: every float32 or bfloat16
-  Dense kernel (encoder and decoder), and the token embedding transposed (for tied logits
-  only), packed into panels; with `bf16` as bfloat16 panels (only for params where
-  `kernels_hold_in_bf16`: the products are then bitwise the same, for half the bytes).
-
-  Pass them beside the params (`{'params': p, COLLECTION: decode_kernels(p)}`) to `encode`,
-  `init_cache` and `extend`; api.generate does, once per params (cpu_kernels.enabled()).
-  The teacher-forced `__call__` (training, scoring, T5X) never gets them: T5X's computation.
-  """
-  return traverse_util.unflatten_dict({path: cpu_kernels.pack(w, bf16)
-                                       for path, w in packed_weights(params).items()})
-
-
-def kernels_hold_in_bf16(params) -> jax.Array:
-  """Scalar bool: bfloat16 holds every weight decode_kernels packs exactly (a model restored
-  from a bfloat16 checkpoint), so `decode_kernels(params, bf16=True)` loses nothing."""
-  weights = packed_weights(params).values()
-  held = [cpu_kernels.holds_in_bf16(w) for w in weights if w.dtype == jnp.float32]
-  return jnp.all(jnp.stack(held)) if held else jnp.bool_(bool(weights))  # bfloat16: by dtype
-
-
-def packed_weights(params) -> dict:
-  """{flat path: [K, N] float32 or bfloat16 weight} decode_kernels packs (tied: embedding.T)."""
-  flat, packs = traverse_util.flatten_dict(params), (jnp.float32, jnp.bfloat16)
-  weights = {path: w for path, w in flat.items()
-             if path[-1] == 'kernel' and w.ndim == 2 and w.dtype in packs}
-  embedding = flat.get(('token_embedder', 'embedding'))
-  tied = not any('logits_dense' in path for path in flat)  # else packed above
-  if tied and embedding is not None and embedding.dtype in packs:
-    weights[('token_embedder', 'embedding')] = embedding.T
-  return weights
-
-
-def transposed_embedding(params) -> dict:
-  """The `layers.TRANSPOSED` variables for decoding with XLA's dot on CPU: the tied token
-  embedding as float32 [emb, vocab] (Embed.attend then skips the transpose XLA:CPU would
-  copy on every one-row call). Pass them beside the params, as decode_kernels'."""
-  embedding = params['token_embedder']['embedding']
-  return {'token_embedder': {'embedding': embedding.astype(jnp.float32).T}}
 
 
 # T5 v1.1 sizes (T5X's t5x/examples/t5/t5_1_1/*.gin): emb_dim, num_heads, layers (each stack), mlp_dim.

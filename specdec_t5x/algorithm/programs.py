@@ -1,12 +1,33 @@
-"""Compiled programs kept for reuse: a bounded memo of jitted programs, and a decode program
-bound to its sampling values (api._compiled)."""
+"""Compiled programs kept for reuse: a bounded memo of jitted programs, the one key every
+such memo uses (`program_key`), and a decode program bound to its sampling values
+(api.compiled_program)."""
 
 from __future__ import annotations
 
 import collections
 from typing import Any, Callable
 
+from specdec_t5x.algorithm.cpu import modes
+
 PROGRAMS_KEEP = 32  # jitted programs each memo keeps (least recently used dropped)
+
+
+def module_key(module) -> Any:
+  """A module as a key: Flax modules hash by their (frozen) fields; identity otherwise."""
+  try:
+    hash(module)
+    return module
+  except TypeError:
+    return (type(module), id(module))
+
+
+def program_key(target_module, draft_module, *settings: Any) -> tuple:
+  """The key of a traced program of these modules (draft_module may be None) and hashable
+  `settings`: their module keys, the settings, and the CPU kernels' trace-time switches
+  (cpu.modes.trace_state: the traced kernel mode, the default mode, the accelerator forms),
+  which choose the kernels a program traced now calls."""
+  draft = None if draft_module is None else module_key(draft_module)
+  return (module_key(target_module), draft) + tuple(settings) + (modes.trace_state(),)
 
 
 def memoized_program(memo: 'collections.OrderedDict[Any, Any]', key: Any,

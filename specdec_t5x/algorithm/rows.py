@@ -16,16 +16,16 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from specdec_t5x.algorithm import cpu_kernels
+from specdec_t5x.algorithm.cpu import modes
 
 _HALF = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
 
 def storage_dtype(dtype) -> jnp.dtype:
   """The dtype a decode cache keeps values of `dtype` in: uint16 bits for a 16-bit float on
-  the CPU backend (cpu_kernels.cpu_forms), else `dtype`."""
+  the CPU backend (modes.cpu_forms), else `dtype`."""
   dtype = jnp.dtype(dtype)
-  return jnp.dtype(jnp.uint16) if dtype in _HALF and cpu_kernels.cpu_forms() else dtype
+  return jnp.dtype(jnp.uint16) if dtype in _HALF and modes.cpu_forms() else dtype
 
 
 def store(x: jax.Array, buffer: jax.Array) -> jax.Array:

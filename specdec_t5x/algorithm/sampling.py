@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import cpu_kernels
+from specdec_t5x.algorithm.cpu import modes, row_kernels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,13 +107,13 @@ def standardize_checked(logits: jax.Array, cfg: Settings):
   The row's maximum is the logit at its argmax (NaN when the row holds one, as jnp.max),
   so on CPU the kernel's one pass replaces XLA's max and all(isfinite) reductions; and as
   the scaled logits' maximum is exactly 0, the softmax needs no second max. Without top-k
-  or top-p, on the CPU backend, cpu_kernels.row_softmax does it all per row (its exp and
+  or top-p, on the CPU backend, row_kernels.row_softmax does it all per row (its exp and
   sum agree with XLA's to float32 rounding, ~1e-7 relative).
   """
   logits = logits.astype(jnp.float32)
   cfg = _bound(cfg)
-  if not cfg.greedy and not cfg.topk and not cfg.nucleus and cpu_kernels.row_kernel():
-    return cpu_kernels.row_softmax(logits, cfg.inv_temperature)
+  if not cfg.greedy and not cfg.topk and not cfg.nucleus and modes.row_kernel():
+    return row_kernels.row_softmax(logits, cfg.inv_temperature)
   index, bad = argmax_checked(logits)
   if cfg.greedy:
     return jax.nn.one_hot(index, logits.shape[-1], dtype=jnp.float32), bad
@@ -151,7 +151,7 @@ def argmax_checked(logits: jax.Array):
   NaN or an infinity).
 
   A greedy decode needs both for every logits row it makes. On the CPU backend
-  (cpu_kernels.row_kernel) one pass of cpu_kernels.row_argmax per row gives both: XLA:CPU
+  (modes.row_kernel) one pass of row_kernels.row_argmax per row gives both: XLA:CPU
   runs jnp.argmax's variadic (value, index) reduction as a scalar loop (~24 us for
   V = 8192) and all(isfinite) as a predicate reduction about as slow. Elsewhere a max, then
   the largest reversed position that holds it (two plain float reductions; the positions
@@ -160,8 +160,8 @@ def argmax_checked(logits: jax.Array):
   v = logits.shape[-1]
   if v >= 1 << 24:
     raise ValueError(f'argmax: the vocabulary ({v}) must be below 2^24.')
-  if cpu_kernels.row_kernel():
-    return cpu_kernels.row_argmax(logits)
+  if modes.row_kernel():
+    return row_kernels.row_argmax(logits)
   top = jnp.max(logits, axis=-1, keepdims=True)
   reversed_position = jnp.arange(v, 0, -1, dtype=jnp.float32)  # v at index 0 .. 1 at v - 1
   hit = (logits == top) | jnp.isnan(logits)
@@ -183,13 +183,13 @@ def sample(keys: jax.Array, probs: jax.Array) -> jax.Array:
   The CDF is two-level (a cumulative sum is a serial scan on CPU, ~21 us over 8192
   entries): block sums of SAMPLE_BLOCK entries and their running total pick the block
   where the mass u * total is reached, and one cumulative sum inside that block picks the
-  token (~2 us in all). On the CPU backend cpu_kernels.row_sample does the same per row
+  token (~2 us in all). On the CPU backend row_kernels.row_sample does the same per row
   in one call (blocks of 64 entries; ~1.3 us).
   """
   u = 1.0 - jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)  # [b] in (0, 1]
   probs = probs.astype(jnp.float32)
-  if cpu_kernels.row_kernel():
-    return cpu_kernels.row_sample(probs, u)
+  if modes.row_kernel():
+    return row_kernels.row_sample(probs, u)
   b, v = probs.shape
   size = SAMPLE_BLOCK
   nb = -(-v // size)

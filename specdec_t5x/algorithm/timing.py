@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_t5x.algorithm import api, programs, sampling
+from specdec_t5x.algorithm.cpu import packing
 
 
 def block(x):
@@ -50,9 +51,10 @@ def _repeated_extend(module, num_tokens: int, cache_len: int):
   `num_calls` is traced, so ONE compiled program serves every count, 0 included (compile
   time per shape dominates on an accelerator). The result depends on the cache even for
   0 calls, so the encoder is never dead code and cancels out of `call_costs`' difference.
-  Memoised per (module, num_tokens, cache_len) (programs.memoized_program).
+  Memoised per (module, num_tokens, cache_len) and the CPU kernels' trace-time switches
+  (programs.program_key, programs.memoized_program).
   """
-  key = (api._module_key(module), num_tokens, cache_len)  # pylint: disable=protected-access
+  key = programs.program_key(module, None, num_tokens, cache_len)  # and the kernel mode
   return programs.memoized_program(_EXTEND_FNS, key, lambda: jax.jit(_extend_loop(
       module, num_tokens, cache_len)))
 
@@ -98,7 +100,7 @@ def call_costs(specs: Dict[str, tuple], enc, num_calls: int = 32, repeats: int =
   runs = {}
   for name, (module, params, num_tokens) in specs.items():
     fn = _repeated_extend(module, num_tokens, max(cache_len, num_calls + num_tokens + 1))
-    variables = api.decode_variables(module, params)  # as generate decodes
+    variables = packing.decode_variables(module, params)  # as generate decodes
     runs[name] = functools.partial(fn, variables, enc)
   return {name: max(seconds, 1e-9)
           for name, seconds in per_call_seconds(runs, num_calls, repeats).items()}
@@ -142,7 +144,7 @@ def prefill_cost(module, params, enc, cache_len: int, repeats: int = 5) -> float
   cache_len it compiles nothing new.
   """
   fn = _repeated_extend(module, 1, cache_len)
-  variables = api.decode_variables(module, params)
+  variables = packing.decode_variables(module, params)
   block(fn(variables, enc, 0))  # compile
   return statistics.median(wall(lambda: fn(variables, enc, 0)) for _ in range(repeats))
 

@@ -13,7 +13,8 @@ from typing import Any, Dict, Mapping, Optional
 import jax
 import numpy as np
 
-from specdec_t5x.algorithm import cpu_kernels, stats, timing
+from specdec_t5x.algorithm import stats, timing
+from specdec_t5x.algorithm.cpu import modes
 from specdec_t5x.integration import run_dir
 
 PER_BATCH = 'warm_batch_seconds'  # [[batch index, seconds], ...] of batches not compiling
@@ -102,12 +103,12 @@ def note(message: str, end: str = '\n') -> None:
 
 def build_cpu_kernels(mode: str) -> None:
   """Builds the CPU decode kernels now, saying so, when decoding in kernel mode `mode`
-  would (cpu_kernels.needs_build: the first run after an install or an upgrade)."""
-  if not cpu_kernels.needs_build(mode):
+  would (modes.needs_build: the first run after an install or an upgrade)."""
+  if not modes.needs_build(mode):
     return
   note('building the CPU decode kernels (once, ~5 s)...', end='')
   tick = time.perf_counter()
-  built = cpu_kernels.enabled(mode)  # a failure is logged once, with its reason
+  built = modes.enabled(mode)  # a failure is logged once, with its reason
   note(f' done ({time.perf_counter() - tick:.1f} s)' if built else " failed: XLA's ops are used")
 
 

@@ -1,4 +1,4 @@
-"""The packed CPU matmul (algorithm/cpu_kernels) against XLA's dot, on the demo family: its
+"""The packed CPU matmul (algorithm/cpu/f32.py) against XLA's dot, on the demo family: its
 bfloat16 panels (the default for weights bfloat16 holds exactly, as the demo family's,
 restored from bfloat16 checkpoints) and float32 panels (DecodeConfig.cpu_kernels='packed_f32').
 
@@ -31,7 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import cpu_kernels, network, timing
+from specdec_t5x.algorithm import network, timing
+from specdec_t5x.algorithm.cpu import modes
 from specdec_t5x.research.measure import demo_data, evaluation, speed
 from specdec_t5x.research.results import harness
 
@@ -41,7 +42,7 @@ MODES = {'xla': 'xla', 'packed f32': 'packed_f32', 'packed': 'packed'}
 
 def kernels(mode: str):
   """The call costs' kernel mode (they take no DecodeConfig): the default inside the block."""
-  return cpu_kernels.default_mode_as(MODES[mode])
+  return modes.default_mode_as(MODES[mode])
 
 
 def main(argv: Sequence[str], script: str, recorded: Optional[Sequence[str]] = None):

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_t5x.algorithm import api, batching, timing
+from specdec_t5x.algorithm.cpu import packing
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.research.measure import hlo_loops, loop_ladder, loop_profile, speed
 
@@ -38,8 +39,9 @@ ModelAndParams = Any
 def _copies(target: ModelAndParams, draft: Optional[ModelAndParams], row: np.ndarray,
             max_len: int, config: DecodeConfig) -> Dict[str, Any]:
   """hlo_loops' summary of the compiled decode program for one batch of rows."""
-  fn = api._compiled(target[0], draft and draft[0], max_len=max_len, config=config)  # pylint: disable=protected-access
-  args = (api.decode_variables(*target), None if draft is None else api.decode_variables(*draft),
+  fn = api.compiled_program(target[0], draft and draft[0], max_len=max_len, config=config)
+  args = (packing.decode_variables(*target),
+          None if draft is None else packing.decode_variables(*draft),
           jnp.asarray(row), jax.random.PRNGKey(0), jnp.int32(1))
   smallest = min(m[0].config.num_heads * m[0].config.head_dim  # the smallest cache's elements
                  for m in (target, draft) if m is not None) * (max_len + 2) * row.shape[0]

@@ -30,7 +30,8 @@ from typing import Any, Dict, Optional
 import jax
 import jax.numpy as jnp
 
-from specdec_t5x.algorithm import api, programs, sampling, timing
+from specdec_t5x.algorithm import programs, sampling, timing
+from specdec_t5x.algorithm.cpu import packing
 
 ModelAndParams = Any
 _PROGRAMS: 'collections.OrderedDict[tuple, Any]' = collections.OrderedDict()
@@ -41,9 +42,8 @@ def _program(target_module, draft_module, gamma: int, verify_tokens: int, chaine
   """A jitted fn(target_vars, draft_vars, enc, n) running n synthetic iterations of
   `gamma` draft calls (none when draft_module is None) then one target call over
   `verify_tokens` tokens (none when 0); returns a float that depends on every call."""
-  key = (api._module_key(target_module),  # pylint: disable=protected-access
-         draft_module and api._module_key(draft_module),  # pylint: disable=protected-access
-         gamma, verify_tokens, chained, cache_len)
+  key = programs.program_key(target_module, draft_module, gamma, verify_tokens, chained,
+                             cache_len)
   return programs.memoized_program(_PROGRAMS, key, lambda: jax.jit(_synthetic_loop(
       target_module, draft_module, gamma, verify_tokens, chained, cache_len)))
 
@@ -94,8 +94,8 @@ def rungs(target: ModelAndParams, draft: Optional[ModelAndParams], enc, gamma: i
   enc = jnp.asarray(enc, jnp.int32)
   verify = gamma + 1 if draft is not None else 1
   cache_len = max(cache_len, num_calls * max(gamma, 1) + verify + 2)
-  t_vars = api.decode_variables(*target)
-  d_vars = None if draft is None else api.decode_variables(*draft)
+  t_vars = packing.decode_variables(*target)
+  d_vars = None if draft is None else packing.decode_variables(*draft)
   progs = {}
   for chained in (False, True):
     name = 'chained' if chained else 'alone'

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_t5x.algorithm import api
+from specdec_t5x.algorithm.cpu import packing
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.research.measure import hlo_loops
 
@@ -117,8 +118,8 @@ def _profile_shape(target, draft, rows: Sequence[np.ndarray], max_len: int,
   def fresh(*args):  # a program no compilation cache holds (see below)
     return program(*args), jnp.int32(nonce)
   fn = jax.jit(fresh)
-  t_vars = api.decode_variables(*target)
-  d_vars = None if draft is None else api.decode_variables(*draft)
+  t_vars = packing.decode_variables(*target)
+  d_vars = None if draft is None else packing.decode_variables(*draft)
   calls = [(t_vars, d_vars, jnp.asarray(r), jax.random.PRNGKey(i), jnp.int32(1))
            for i, r in enumerate(rows)]
   # The traced executable is the one whose HLO names the categories, compiled here: one

@@ -57,7 +57,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from specdec_t5x.algorithm import cpu_kernels, network, theory
+from specdec_t5x.algorithm import network, theory
+from specdec_t5x.algorithm.cpu import modes
 from specdec_t5x.integration import partitioning
 from specdec_t5x.research.predict import compiled_trees, paper
 
@@ -210,7 +211,7 @@ def compile_model(cfg: network.T5Config, mesh: Mesh, ks: Sequence[int], enc_len:
   def step(p, cache, tokens, positions, parents=None):
     return module.apply({'params': p}, cache, tokens, positions, tree=parents, method='extend')
 
-  with cpu_kernels.accelerator_forms():  # an accelerator's program, though lowered on CPU
+  with modes.accelerator_forms():  # an accelerator's program, though lowered on CPU
     cache = jax.eval_shape(prefill, params, enc)
     cache_sh = cache_shardings(cache, mesh)
     programs: Dict[str, Any] = {}

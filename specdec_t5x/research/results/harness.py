@@ -22,7 +22,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import jax
 
-from specdec_t5x.algorithm import cpu_info, timing
+from specdec_t5x.algorithm import timing
+from specdec_t5x.algorithm.cpu import info
 from specdec_t5x.integration import run_dir
 
 # ------------------------------------------------------------------ flags
@@ -124,7 +125,7 @@ def environment(**extra: Any) -> Dict[str, Any]:
           'num_devices': jax.device_count(), 'cpu_count': os.cpu_count(),
           'machine': platform.machine(), 'python': platform.python_version(),
           'jax': jax.__version__, 'jaxlib': jaxlib.__version__, 'flax': flax.__version__,
-          'numpy': np.__version__, **cpu_info.describe(), **extra}
+          'numpy': np.__version__, **info.describe(), **extra}
 
 
 # ------------------------------------------------------------------ Markdown

@@ -1,6 +1,6 @@
 """What this machine's CPU is, from /proc/cpuinfo (Linux; empty elsewhere), read once per
-process: its feature flags, which choose the CPU kernels' paths (cpu_kernels.py: AVX2 and
-FMA; cpu_bf16.py: AVX-512 BF16), and its model name. Results files record both
+process: its feature flags, which choose the CPU kernels' paths (build.py: AVX2 and FMA;
+bf16.py: AVX-512 BF16), and its model name. Results files record both
 (research/harness.environment), because call costs and speedups measured on one CPU do not
 carry over to another."""
 
