@@ -40,7 +40,7 @@ def test_results_record_this_machines_cpu_and_the_index_shows_it():
   env = harness.environment()
   assert env['cpu'] == (info.cpu_model() or 'unknown')
   assert set(env['cpu_features']) == set(info.KERNEL_FEATURES) & info.cpu_flags()
-  bf16 = ', avx512_bf16' if 'avx512_bf16' in env['cpu_features'] else ''
+  bf16 = ''.join(f', {f}' for f in env['cpu_features'] if 'bf16' in f)  # avx512_bf16, amx_bf16
   machine = reproduce._machine  # pylint: disable=protected-access
   assert machine(env) == f"cpu, {os.cpu_count()} cores, {env['cpu']}{bf16}"
   assert machine({'platform': 'cpu', 'cpu_count': 2}) == 'cpu, 2 cores'  # an older file
