@@ -42,7 +42,7 @@ import numpy as np
 
 from specdec_t5x.algorithm import api, batching, network
 from specdec_t5x.integration import model_dir
-from specdec_t5x.research.measure import evaluation, t5x_reference
+from specdec_t5x.research.measure import evaluation, forcing, t5x_reference
 from specdec_t5x.research.results import harness
 
 TARGET = 'demo_target/checkpoint_2239'
@@ -90,13 +90,12 @@ def cut(tokens: np.ndarray, eos_id: int = 1) -> List[int]:
 def teacher_forced(target, t5x_net, enc: np.ndarray, targets: np.ndarray, batch: int) -> Dict:
   """Our vs T5X's network logits on the references: max |diff|, argmax agreement."""
   module, params = target
-  ours = jax.jit(lambda p, e, d, t: module.apply({'params': p}, e, d, t))
   theirs = jax.jit(lambda p, e, d, t: t5x_net.apply({'params': p}, e, d, t,
                                                    enable_dropout=False))
   max_diff, agree, total, equal = 0.0, 0, 0, True
   for (e, n), (t, _) in zip(batches(enc, batch), batches(targets, batch)):
-    d = np.pad(t[:, :-1], ((0, 0), (1, 0)))
-    a, b = np.asarray(ours(params, e, d, t))[:n], np.asarray(theirs(params, e, d, t))[:n]
+    a = np.asarray(forcing.jitted_logits(module, params, e, t, t))[:n]
+    b = np.asarray(theirs(params, e, forcing.shift_right(t), t))[:n]
     valid = t[:n] > 0
     max_diff = max(max_diff, float(np.abs(a - b)[valid].max()))
     agree += int((a.argmax(-1) == b.argmax(-1))[valid].sum())
@@ -150,7 +149,7 @@ def diagnose(dtype: str, enc: np.ndarray, refs: np.ndarray, k: int) -> Dict[str,
   and k one-token calls on the same cache and reference tokens (positions 0..k-1)."""
   from flax import traverse_util  # pylint: disable=g-import-not-at-top
   module, params = load(TARGET, dtype)
-  dec = np.pad(refs[:, :-1], ((0, 0), (1, 0)))
+  dec = forcing.shift_right(refs)
   encoded = module.apply({'params': params}, enc, method='encode')
   cache = module.apply({'params': params}, encoded, enc, MAX_LEN + 8, method='init_cache')
   def step(c, start, num):  # -> (logits, cache, {module path: captured outputs})

@@ -18,6 +18,7 @@ from specdec_t5x.algorithm import api, batching, sampling
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.integration import demo, draft_files, draft_state, model_dir
 from specdec_t5x.integration.tasks import PREFIXES
+from specdec_t5x.research.measure import forcing
 
 # The demo's locations under the demo root (integration/demo.py: $SPECDEC_DEMO_ROOT, else
 # the current directory when this module is imported; the scripts run from the repository).
@@ -89,14 +90,6 @@ def target_outputs(target: ModelAndParams, enc: np.ndarray, cfg: sampling.Sampli
   return outs
 
 
-def _logits(module, params, enc, dec_targets):
-  dec_in = jnp.pad(dec_targets[:, :-1], ((0, 0), (1, 0)))  # shift right, BOS = 0
-  return module.apply({'params': params}, enc, dec_in)
-
-
-_LOGITS = jax.jit(_logits, static_argnums=0)
-
-
 def _beta(p_logits, q_logits, cfg: sampling.SamplingConfig):
   """beta = sum_x min(p, q) of the standardised distributions, [..., V] -> [...]."""
   return jnp.sum(jnp.minimum(sampling.standardize(p_logits, cfg),
@@ -118,7 +111,8 @@ def teacher_forced_logits(models: Sequence[ModelAndParams], enc: np.ndarray,
     e = batching.trim_batch(np.concatenate([enc[start:start + n],
                                             np.repeat(enc[start:start + 1], batch - n, 0)]))
     d = batching.pad_batch(rows + [rows[0]] * (batch - n), dec_len, min_len=dec_len)
-    yield rows, [_LOGITS(m[0], m[1], jnp.asarray(e), jnp.asarray(d)) for m in models]
+    yield rows, [forcing.jitted_logits(m[0], m[1], jnp.asarray(e), jnp.asarray(d))
+                 for m in models]
 
 
 def betas(target: ModelAndParams, draft: ModelAndParams, enc: np.ndarray,

@@ -36,6 +36,7 @@ import optax
 from specdec_t5x.algorithm import drafting, feature_draft
 from specdec_t5x.algorithm.network import T5Config, Transformer
 from specdec_t5x.integration import model_dir
+from specdec_t5x.research.measure import forcing
 from specdec_t5x.research.train import loop, state as train_state
 from specdec_t5x.research.train.config import TrainConfig
 from specdec_t5x.research.train.data import Mixture, load_split, validation_batches
@@ -43,22 +44,6 @@ from specdec_t5x.research.train.optim import make_optimizer
 
 Params = Any
 BUCKET = 16  # batches are cut to their longest row, rounded up to this (fewer compiles)
-
-
-def shift_right(tokens):
-  """Decoder inputs for outputs `tokens` [b, L]: BOS (0), then each token one later."""
-  return jnp.pad(jnp.asarray(tokens)[:, :-1], ((0, 0), (1, 0)))
-
-
-def teacher_forced(target: Any, target_params: Params, enc, dec_in, tgt=None,
-                   feature_layers: tuple = ()):
-  """The target run teacher forced over `dec_in` -> (logits, features [b, L, F] (fused
-  with `feature_layers`' outputs: FeatureDraftConfig's), the features before each
-  position (the head's input there; zeros before BOS), encoder output). `tgt` (the
-  outputs, or None) only marks the padding."""
-  logits, feats, encoded = target.apply({'params': target_params}, enc, dec_in, tgt,
-                                        feature_layers, method='features')
-  return logits, feats, jnp.pad(feats[:, :-1], ((0, 0), (1, 0), (0, 0))), encoded
 
 
 def trim(batch: dict, max_target_len: Optional[int] = None) -> dict:
@@ -87,7 +72,7 @@ def make_steps(target_cfg: T5Config, head_cfg: feature_draft.FeatureDraftConfig,
     enc, dec_in = batch['encoder_input_tokens'], batch['decoder_input_tokens']
     tgt = batch['decoder_target_tokens']
     logits_t, feats, before, encoded = jax.lax.stop_gradient(
-        teacher_forced(target, target_params, enc, dec_in, tgt, head_cfg.feature_layers))
+        forcing.features(target, target_params, enc, dec_in, tgt, head_cfg.feature_layers))
     outs = head.apply({'params': params}, encoded, enc, dec_in, before, tgt, passes=passes)
     weights = (tgt > 0).astype(jnp.float32)
     count = jnp.maximum(weights.sum(), 1.0)
