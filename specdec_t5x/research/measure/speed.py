@@ -18,7 +18,7 @@ import numpy as np
 from specdec_t5x.algorithm import api, batching, sampling, theory, timing
 from specdec_t5x.algorithm import stats as stats_lib
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.research.measure import evaluation
+from specdec_t5x.research.measure import batched, evaluation
 
 ModelAndParams = Tuple[Any, Any]
 
@@ -46,21 +46,16 @@ class Decoder:
       raise ValueError(f'{len(self.enc)} encoder rows do not split into batches of '
                        f'{self.batch}; pass a multiple of the batch.')
     # Each batch at its length bucket, cut once rather than inside the timed loop.
-    self._rows = [batching.trim_batch(self.enc[i:i + self.batch])
-                  for i in range(0, len(self.enc), self.batch)]
+    self._batches = batched.split(self.enc, self.batch, fill=None)
 
   def __call__(self):
-    outs = []
-    for i, row in enumerate(self._rows):
-      outs.append(api.generate(
-          self.target, row, draft=self.draft, config=self.config,
-          max_decode_length=self.max_len, rng=jax.random.PRNGKey(self.seed + i),
-          eos_id=self.eos_id))
+    outs = [out for _, out in batched.decode(
+        self.target, self._batches, self.max_len, draft=self.draft, config=self.config,
+        seed=self.seed, eos_id=self.eos_id, key_by='index')]
     timing.block(outs)
     self.stats = jax.tree_util.tree_map(lambda *xs: np.sum([np.asarray(x) for x in xs], axis=0),
                                         *[o.stats for o in outs])
-    self.tokens = [np.asarray(o.tokens[r, :int(o.stats['generated_tokens'][r])])
-                   for o in outs for r in range(self.batch)]
+    self.tokens = [row for o in outs for row in batched.outputs(o, self.batch)]
     self.iterations = sum(int(np.max(o.stats['target_calls'])) for o in outs)
     return outs
 
@@ -208,12 +203,9 @@ def speculative_stats(target: ModelAndParams, draft: ModelAndParams, enc: np.nda
                       eos_id: int = 1, batch: int = 16) -> Dict[str, np.ndarray]:
   """Summed generate() statistics of speculative decoding over the rows of enc [N, L]."""
   total: Dict[str, np.ndarray] = {}
-  for start in range(0, len(enc), batch):
-    chunk = batching.trim_batch(enc[start:start + batch])
-    out = api.generate(target, chunk, draft=draft,
-                       config=DecodeConfig.from_sampling(cfg, gamma=gamma),
-                       max_decode_length=max_len, rng=jax.random.PRNGKey(seed + start),
-                       eos_id=eos_id)
+  for _, out in batched.decode(target, batched.split(enc, batch, fill=None), max_len,
+                               draft=draft, config=DecodeConfig.from_sampling(cfg, gamma=gamma),
+                               seed=seed, eos_id=eos_id):
     for k, v in out.stats.items():  # per-row counters are summed; the histogram is [g+1]
       v = np.asarray(v)
       total[k] = total.get(k, 0) + (v if k == 'accepted_length_histogram' else v.sum(0))
