@@ -18,7 +18,8 @@ import numpy as np
 from specdec_t5x.algorithm import api, batching, sampling, theory, timing
 from specdec_t5x.algorithm import stats as stats_lib
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.research.measure import batched, evaluation
+from specdec_t5x.research.measure import batched, evaluation, timed_rows
+from specdec_t5x.research.results import harness
 
 ModelAndParams = Tuple[Any, Any]
 
@@ -104,12 +105,12 @@ def ideal_end_to_end(num_sequences: int, ar_calls: float, spec_calls: float, gam
   return ar / spec
 
 
-def _rows(ar: Decoder, decs: Dict[int, Decoder], med: Dict[str, float], name: str,
+def _rows(ar: Decoder, decs: Dict[int, Decoder], timed: Dict[str, timed_rows.Timed], name: str,
           cost: Dict[str, float], alpha: Optional[float]) -> List[Dict[str, Any]]:
   t_t, t_d = cost['t_target_step'], cost[f't_draft_step_{name}']
   rows = []
   for g, dec in decs.items():
-    s = dec.stats
+    s, spec = dec.stats, timed[f'{name}_g{g}']
     tpc = float(s['generated_tokens'].sum()) / float(s['target_calls'].sum())
     t_v = cost[f't_verify_{g + 1}']
     fit = theory.alpha_from_tokens_per_call(tpc, g)
@@ -117,7 +118,7 @@ def _rows(ar: Decoder, decs: Dict[int, Decoder], med: Dict[str, float], name: st
     # Per generated token: when sampling, speculative and AR outputs differ in length.
     ar_tokens, spec_tokens = float(ar.stats['generated_tokens'].sum()), float(
         s['generated_tokens'].sum())
-    measured = (med['ar'] / ar_tokens) / (med[f'{name}_g{g}'] / spec_tokens)
+    measured = (timed['ar'].seconds / ar_tokens) / (spec.seconds / spec_tokens)
     e2e = None
     if 't_prefill_target' in cost:
       e2e = ideal_end_to_end(len(dec.enc), float(ar.stats['target_calls'].sum()),
@@ -135,10 +136,10 @@ def _rows(ar: Decoder, decs: Dict[int, Decoder], med: Dict[str, float], name: st
         'efficiency_end_to_end': None if e2e is None else measured / e2e,
         'speedup_theory': float(theory.walltime_improvement_measured(
             fit if alpha is None else alpha, g, t_d, t_t, t_v)),
-        'time_ratio': med['ar'] / med[f'{name}_g{g}'],
+        'time_ratio': spec.speedup_vs_ar,
         'same_tokens_as_ar': int(sum(np.array_equal(a, b) for a, b in
                                      zip(ar.tokens, dec.tokens))),
-        'spec_seconds_median': med[f'{name}_g{g}']})
+        'spec_seconds_median': spec.seconds})
   return rows
 
 
@@ -186,13 +187,14 @@ def sweep(target: ModelAndParams, drafts_: Dict[str, ModelAndParams], enc: np.nd
           for name, d in drafts_.items()}
   fns: Dict[str, Any] = {'ar': ar}
   fns.update({f'{name}_g{g}': dec for name, by_g in decs.items() for g, dec in by_g.items()})
-  times = timing.median_times(fns, repeats)
-  med = {k: statistics.median(v) for k, v in times.items()}
-  out = {'ar_seconds_median': med['ar'], 'ar_tokens': float(ar.stats['generated_tokens'].sum()),
-         'raw_times_s': times, 'drafts': {}}
+  timings = harness.interleaved(fns, repeats)
+  timed = {t.name: t for t in timed_rows.timed(timings, 'ar')}
+  out = {'ar_seconds_median': timed['ar'].seconds,
+         'ar_tokens': float(ar.stats['generated_tokens'].sum()), 'raw_times_s': timings.seconds,
+         'drafts': {}}
   for name in drafts_:
     alpha = (alphas or {}).get(name)
-    rows = _rows(ar, decs[name], med, name, cost, alpha)
+    rows = _rows(ar, decs[name], timed, name, cost, alpha)
     out['drafts'][name] = {'rows': rows, 'alpha_source': 'fit' if alpha is None else 'given',
                            **_choice(rows, cost, name, alpha)}
   return out
