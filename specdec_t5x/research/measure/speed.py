@@ -87,7 +87,7 @@ def costs(target: ModelAndParams, drafts_: Dict[str, ModelAndParams], enc: np.nd
 def ideal_end_to_end(num_sequences: int, ar_calls: float, spec_calls: float, gamma: int,
                      cost: Dict[str, float], draft: str, refeed: bool = False) -> float:
   """AR time / speculative time predicted from call costs alone, per-sequence prefill
-  (encoder + cache) included: (n P_t + N_ar t_t) / (n (P_t + P_d) + N_spec (g t_d + t_v)).
+  (encoder + cache) included (theory.end_to_end_speedup at a step of g t_d + t_v).
 
   The paper's ideal (theory.ideal_speedup) leaves out the prefill, which both methods pay
   once per sequence; at batch 1 on a CPU it is a sizeable share of short decodes.
@@ -100,9 +100,8 @@ def ideal_end_to_end(num_sequences: int, ar_calls: float, spec_calls: float, gam
   drafting = gamma * t_d
   if refeed:
     drafting = cost[f't_draft_refeed_{draft}'] + (gamma - 1) * t_d
-  ar = num_sequences * pre_t + ar_calls * t_t
-  spec = num_sequences * (pre_t + pre_d) + spec_calls * (drafting + t_v)
-  return ar / spec
+  return theory.end_to_end_speedup(num_sequences, ar_calls, spec_calls, t_t, drafting + t_v,
+                                   pre_t, pre_d)
 
 
 def _rows(ar: Decoder, decs: Dict[int, Decoder], timed: Dict[str, timed_rows.Timed], name: str,
