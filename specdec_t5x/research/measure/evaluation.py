@@ -17,7 +17,7 @@ import numpy as np
 from specdec_t5x.algorithm import batching, sampling
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.integration import demo, draft_files, draft_state, model_dir
-from specdec_t5x.integration.tasks import PREFIXES
+from specdec_t5x.integration.prefixes import PREFIXES
 from specdec_t5x.research.measure import batched, forcing
 
 # The demo's locations under the demo root (integration/demo.py: $SPECDEC_DEMO_ROOT, else
