@@ -41,8 +41,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_t5x.algorithm import api, batching, network
+from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.integration import model_dir
-from specdec_t5x.research.measure import evaluation, t5x_reference
+from specdec_t5x.research.measure import batched, evaluation, forcing, t5x_reference
 from specdec_t5x.research.results import harness
 
 TARGET = 'demo_target/checkpoint_2239'
@@ -73,14 +74,6 @@ def t5x_module(ours: network.Transformer):
   return t5x_network.Transformer(t5x_reference.t5x_config(ours.config))
 
 
-def batches(rows: np.ndarray, size: int):
-  """Yields (chunk [size, L], n real rows): the last chunk padded with its first row."""
-  for start in range(0, len(rows), size):
-    chunk = rows[start:start + size]
-    n = len(chunk)
-    yield np.concatenate([chunk, np.repeat(chunk[:1], size - n, 0)]), n
-
-
 def cut(tokens: np.ndarray, eos_id: int = 1) -> List[int]:
   """Tokens up to and including the first EOS (all of them without one)."""
   t = [int(x) for x in tokens]
@@ -90,13 +83,14 @@ def cut(tokens: np.ndarray, eos_id: int = 1) -> List[int]:
 def teacher_forced(target, t5x_net, enc: np.ndarray, targets: np.ndarray, batch: int) -> Dict:
   """Our vs T5X's network logits on the references: max |diff|, argmax agreement."""
   module, params = target
-  ours = jax.jit(lambda p, e, d, t: module.apply({'params': p}, e, d, t))
   theirs = jax.jit(lambda p, e, d, t: t5x_net.apply({'params': p}, e, d, t,
                                                    enable_dropout=False))
   max_diff, agree, total, equal = 0.0, 0, 0, True
-  for (e, n), (t, _) in zip(batches(enc, batch), batches(targets, batch)):
-    d = np.pad(t[:, :-1], ((0, 0), (1, 0)))
-    a, b = np.asarray(ours(params, e, d, t))[:n], np.asarray(theirs(params, e, d, t))[:n]
+  for e, t in zip(batched.split(enc, batch, trim=False), batched.split(targets, batch,
+                                                                         trim=False)):
+    e, t, n = e.rows, t.rows, e.n
+    a = np.asarray(forcing.jitted_logits(module, params, e, t, t))[:n]
+    b = np.asarray(theirs(params, e, forcing.shift_right(t), t))[:n]
     valid = t[:n] > 0
     max_diff = max(max_diff, float(np.abs(a - b)[valid].max()))
     agree += int((a.argmax(-1) == b.argmax(-1))[valid].sum())
@@ -110,8 +104,8 @@ def t5x_greedy(target, enc: np.ndarray, batch: int) -> List[List[int]]:
   """Stock T5X greedy (t5x_reference: EncoderDecoderModel + temperature_sample at 0)."""
   predict = t5x_reference.greedy_decoder(target[0].config, MAX_LEN)
   out = []
-  for e, n in batches(enc, batch):
-    out += [cut(r) for r in np.asarray(predict(target[1], jnp.asarray(e)))[:n]]
+  for b in batched.split(enc, batch, trim=False):
+    out += [cut(r) for r in np.asarray(predict(target[1], jnp.asarray(b.rows)))[:b.n]]
   return out
 
 
@@ -119,11 +113,10 @@ def our_greedy(target, enc: np.ndarray, batch: int, draft=None, gamma: int = 1,
                mode: str = 'packed'):
   """Our greedy decode in kernel `mode` (speculative with a draft): (rows, target calls)."""
   out, calls = [], 0
-  for e, n in batches(enc, batch):
-    o = api.generate(target, e, draft=draft, gamma=gamma, max_decode_length=MAX_LEN,
-                     cpu_kernels=mode)
-    out += [cut(r) for r in np.asarray(o.tokens)[:n]]
-    calls += int(np.asarray(o.stats['target_calls'])[:n].sum())
+  for b, o in batched.decode(target, batched.split(enc, batch, trim=False), MAX_LEN,
+                             draft=draft, config=DecodeConfig(gamma=gamma, cpu_kernels=mode)):
+    out += [cut(r) for r in np.asarray(o.tokens)[:b.n]]
+    calls += int(np.asarray(o.stats['target_calls'])[:b.n].sum())
   return out, calls
 
 
@@ -150,7 +143,7 @@ def diagnose(dtype: str, enc: np.ndarray, refs: np.ndarray, k: int) -> Dict[str,
   and k one-token calls on the same cache and reference tokens (positions 0..k-1)."""
   from flax import traverse_util  # pylint: disable=g-import-not-at-top
   module, params = load(TARGET, dtype)
-  dec = np.pad(refs[:, :-1], ((0, 0), (1, 0)))
+  dec = forcing.shift_right(refs)
   encoded = module.apply({'params': params}, enc, method='encode')
   cache = module.apply({'params': params}, encoded, enc, MAX_LEN + 8, method='init_cache')
   def step(c, start, num):  # -> (logits, cache, {module path: captured outputs})

@@ -10,8 +10,7 @@ from conftest import make_model, random_inputs, tiny_config
 from test_feature_draft import make_head
 from specdec_t5x import generate
 from specdec_t5x.algorithm import feature_draft
-from specdec_t5x.research.measure import confidence
-from specdec_t5x.research.train import feature_head as feature_train
+from specdec_t5x.research.measure import confidence, forcing
 
 pytestmark = pytest.mark.slow  # a results table's tooling, with trained-like heads
 
@@ -91,8 +90,8 @@ def test_a_reduced_vocabulary_head_is_read_through_its_ids(family):
   assert set(np.unique(picked)) <= set(ids)
   assert set(np.unique(full)) - set(ids)  # the full head picks other ids too
   # The reduced head's choice is the full head's best among the ids.
-  dec_in = feature_train.shift_right(tokens)
-  _, _, before, encoded = feature_train.teacher_forced(*target, enc, dec_in, tokens)
+  dec_in = forcing.shift_right(tokens)
+  _, _, before, encoded = forcing.features(*target, enc, dec_in, tokens)
   logits = np.asarray(module.apply({'params': params}, encoded, enc, dec_in, before,
                                    tokens)[0][0])
   np.testing.assert_array_equal(picked, np.asarray(ids)[logits[..., list(ids)].argmax(-1)])

@@ -11,6 +11,8 @@ import gettext
 import io
 import pathlib
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -225,3 +227,12 @@ def test_apt_config_and_missing_tools(tmp_path, monkeypatch):
   monkeypatch.setattr(corpus_build, 'REQUIRED_TOOLS', ('no-such-tool-xyz',))
   with pytest.raises(RuntimeError, match='no-such-tool-xyz'):
     corpus_build.check_tools()
+
+
+def test_the_corpus_loads_without_seqio_or_tensorflow():
+  """The corpus reads the task prefixes from integration/prefixes.py, not the seqio tasks."""
+  code = ('import sys\nimport specdec_t5x.research.data.corpus\n'
+          "print(sorted(m for m in ('seqio', 'tensorflow') if m in sys.modules))\n")
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                       check=True).stdout.strip().splitlines()[-1]
+  assert out == '[]', f'importing the corpus loaded {out}'

@@ -129,4 +129,4 @@ def test_task_prefixes_are_defined_once():
   assert corpus.TASK_PREFIXES is tasks.PREFIXES and evaluation.PREFIXES is tasks.PREFIXES
   defined = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob('*.py')
              if "'translate English to German: '" in p.read_text(encoding='utf-8')]
-  assert defined == ['integration/tasks.py']
+  assert defined == ['integration/prefixes.py']

@@ -20,7 +20,7 @@ import test_distribution as td
 from specdec_t5x import generate
 from test_decoding import _eos_mid_batch
 from specdec_t5x.algorithm import api, decoding, drafting, feature_draft, sampling
-from specdec_t5x.research.train import feature_head as feature_train
+from specdec_t5x.research.measure import forcing
 
 
 def make_head(target_params, vocab, emb=32, seed=3, layers=1, draft_vocab=(),
@@ -45,8 +45,8 @@ def models():
 
 def teacher_forced(target, head, enc, tokens, passes):
   """The target's features and the head's passes over given outputs tokens [b, L]."""
-  dec_in = feature_train.shift_right(tokens)
-  _, _, before, encoded = feature_train.teacher_forced(*target, enc, dec_in)
+  dec_in = forcing.shift_right(tokens)
+  _, _, before, encoded = forcing.features(*target, enc, dec_in)
   return jit_apply(head[0], {'params': head[1]}, encoded, enc, dec_in, before, passes=passes)
 
 
@@ -55,8 +55,8 @@ def test_cached_calls_equal_the_teacher_forced_pass(models):
   enc = random_inputs(3, 6, 8, seed=1)
   tokens = np.random.RandomState(2).randint(2, 8, (3, 9)).astype(np.int32)
   (logits, predicted), = teacher_forced(target, head, enc, tokens, passes=1)
-  dec_in = feature_train.shift_right(tokens)
-  _, _, before, encoded = feature_train.teacher_forced(*target, enc, dec_in)
+  dec_in = forcing.shift_right(tokens)
+  _, _, before, encoded = forcing.features(*target, enc, dec_in)
   variables = {'params': head[1]}
   cache = jit_apply(head[0], variables, encoded, enc, 12, method='init_cache')
   # Five positions in one call, then the rest one at a time; then one position picked.
@@ -81,8 +81,8 @@ def test_self_fed_passes_attend_as_the_draft_calls_do(models):
   enc = random_inputs(2, 5, 8, seed=3)
   tokens = np.random.RandomState(4).randint(2, 8, (2, 8)).astype(np.int32)
   passes = teacher_forced(target, head, enc, tokens, passes=3)
-  dec_in = feature_train.shift_right(tokens)
-  _, _, before, encoded = feature_train.teacher_forced(*target, enc, dec_in)
+  dec_in = forcing.shift_right(tokens)
+  _, _, before, encoded = forcing.features(*target, enc, dec_in)
   variables = {'params': head[1]}
   n = 3  # a step at length 3: real context up to position 2, drafts at 3, 4, 5
   cache = jit_apply(head[0], variables, encoded, enc, 10, method='init_cache')

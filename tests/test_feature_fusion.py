@@ -16,7 +16,7 @@ from test_decoding import _eos_mid_batch
 from test_feature_draft import make_head, replay_accepted
 from specdec_t5x import generate
 from specdec_t5x.algorithm import api, feature_draft
-from specdec_t5x.research.train import feature_head as feature_train
+from specdec_t5x.research.measure import forcing
 
 
 @pytest.fixture(scope='module')
@@ -41,7 +41,7 @@ def test_fused_features_are_the_final_ones_then_each_tapped_layer_normalised(tar
                                atol=1e-5)
   # The cached calls (three positions, then the rest one at a time) hand out the same.
   cache = jit_apply(module, {'params': params}, encoded, enc, 8, method='init_cache')
-  dec_in = np.asarray(feature_train.shift_right(tokens))
+  dec_in = np.asarray(forcing.shift_right(tokens))
   got = []
   for start, stop in ((0, 3), (3, 4), (4, 5), (5, 6), (6, 7)):
     _, cache, f = jit_apply(module, {'params': params}, cache, dec_in[:, start:stop],
@@ -71,8 +71,8 @@ def test_greedy_acceptances_replay_the_teacher_forced_passes(target, gamma):
   enc = random_inputs(4, 6, 16, seed=5)
   out = generate(target, enc, draft=head, gamma=gamma, max_decode_length=16, eos_id=-1)
   tokens = np.asarray(out.tokens)
-  dec_in = feature_train.shift_right(tokens)
-  _, _, before, encoded = feature_train.teacher_forced(*target, enc, dec_in, None, (0, 1))
+  dec_in = forcing.shift_right(tokens)
+  _, _, before, encoded = forcing.features(*target, enc, dec_in, None, (0, 1))
   passes = jit_apply(head[0], {'params': head[1]}, encoded, enc, dec_in, before, passes=gamma)
   expected = replay_accepted(passes, tokens, gamma, 16)
   assert expected.sum() > 0
@@ -130,8 +130,8 @@ def test_the_head_fed_the_final_features_only_is_detected(target, monkeypatch):
   tokens = np.asarray(out.tokens)
   np.testing.assert_array_equal(tokens, np.asarray(
       generate(target, enc, max_decode_length=16, eos_id=-1).tokens))
-  dec_in = feature_train.shift_right(tokens)
-  _, _, before, encoded = feature_train.teacher_forced(*target, enc, dec_in, None, (0, 1))
+  dec_in = forcing.shift_right(tokens)
+  _, _, before, encoded = forcing.features(*target, enc, dec_in, None, (0, 1))
   passes = jit_apply(head[0], {'params': head[1]}, encoded, enc, dec_in, before, passes=3)
   assert not np.array_equal(np.asarray(out.stats['accepted_tokens']),
                             replay_accepted(passes, tokens, 3, 16))

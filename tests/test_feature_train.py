@@ -16,7 +16,7 @@ from specdec_t5x import generate
 from specdec_t5x.algorithm import feature_draft
 from specdec_t5x.algorithm.network import Transformer
 from specdec_t5x.integration import checkpoints, model_dir
-from specdec_t5x.research.measure import evaluation
+from specdec_t5x.research.measure import evaluation, forcing
 from specdec_t5x.research.train import feature_head as feature_train
 from specdec_t5x.research.train.data import load_split, validation_batches
 
@@ -184,11 +184,11 @@ def test_a_head_reading_more_layers_starts_from_one_reading_the_final_features( 
   target_cfg, target_params = model_dir.load(target_dir)
   target = Transformer(target_cfg)
   enc = np.random.RandomState(0).randint(2, VOCAB, (3, 6)).astype(np.int32)
-  dec_in = feature_train.shift_right(np.random.RandomState(1).randint(2, VOCAB, (3, 5)))
+  dec_in = forcing.shift_right(np.random.RandomState(1).randint(2, VOCAB, (3, 5)))
   outs = []
   for cfg, params in ((HEAD, plain), (fused, start)):
-    _, _, before, encoded = feature_train.teacher_forced(target, target_params, enc, dec_in,
-                                                         None, cfg.feature_layers)
+    _, _, before, encoded = forcing.features(target, target_params, enc, dec_in, None,
+                                             cfg.feature_layers)
     outs.append(feature_draft.FeatureDraft(cfg).apply({'params': params}, encoded, enc, dec_in,
                                                       before, passes=2))
   for (logits, predicted), (got, got_predicted) in zip(*outs):
@@ -226,9 +226,9 @@ def test_a_deeper_head_starts_from_a_shallower_one_with_identity_layers(target_d
   _, one = model_dir.load(str(tmp_path / 'one'))
   target_cfg, target_params = model_dir.load(target_dir)
   enc = np.random.RandomState(0).randint(2, VOCAB, (3, 6)).astype(np.int32)
-  dec_in = feature_train.shift_right(np.random.RandomState(1).randint(2, VOCAB, (3, 5)))
-  _, _, before, encoded = feature_train.teacher_forced(Transformer(target_cfg), target_params,
-                                                       enc, dec_in)
+  dec_in = forcing.shift_right(np.random.RandomState(1).randint(2, VOCAB, (3, 5)))
+  _, _, before, encoded = forcing.features(Transformer(target_cfg), target_params, enc,
+                                           dec_in)
   run = lambda cfg, params: feature_draft.FeatureDraft(cfg).apply(
       {'params': params}, encoded, enc, dec_in, before, passes=2)
   for (logits, predicted), (got, got_predicted) in zip(run(HEAD, one), run(deep, start)):

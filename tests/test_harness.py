@@ -12,7 +12,7 @@ import pytest
 
 from conftest import make_model, random_inputs, tiny_config
 from specdec_t5x.integration import infer_output
-from specdec_t5x.research.measure import demo_data
+from specdec_t5x.research.measure import demo_data, timed_rows
 from specdec_t5x.research.results import harness
 
 pytestmark = pytest.mark.slow  # a results table's tooling, not the decode path
@@ -123,7 +123,7 @@ def test_row_totals_rates_and_results():
                                                 stats={k: np.asarray([v]) for k, v in st.items()})
   outs = [out([5, 1], generated_tokens=2, target_calls=1, drafted_tokens=4, accepted_tokens=1),
           out([6, 6], generated_tokens=2, target_calls=2, drafted_tokens=4, accepted_tokens=2)]
-  tokens, stats = demo_data.row_totals(outs)
+  tokens, stats = timed_rows.row_totals(outs)
   np.testing.assert_array_equal(tokens, [[5, 1], [6, 6]])
   assert stats == {'generated_tokens': 4, 'target_calls': 3, 'drafted_tokens': 8,
                    'accepted_tokens': 3}
@@ -164,5 +164,5 @@ def test_row_decoder_decodes_each_row_alone():
   enc = random_inputs(3, 9, 40, seed=3, min_len=3)
   outs = demo_data.row_decoder(target, enc, 4)()
   assert len(outs) == 3 and all(o.tokens.shape == (1, 4) for o in outs)
-  tokens, stats = demo_data.row_totals(outs)
+  tokens, stats = timed_rows.row_totals(outs)
   assert tokens.shape == (3, 4) and stats['drafted_tokens'] == 0

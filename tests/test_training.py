@@ -117,9 +117,9 @@ def test_resume_is_exact(data_dir, tmp_path, schedule):
   else:  # Interrupted by the time budget (one step per call), then run to the end.
     for want in (1, 2):
       _, summary = training.train(tiny_model(), data_dir, work, small_cfg(max_seconds=0.0))
-      assert summary['stopped_by_time'] and train_state.latest_step(work) == want
+      assert not summary['done'] and train_state.latest_step(work) == want
   resumed, summary = training.train(tiny_model(), data_dir, work, cfg)
-  assert summary['step'] == 6 and not summary['stopped_by_time']
+  assert summary['step'] == 6 and summary['done']
   f0, f1 = _flat(straight), _flat(resumed)
   for k in f0:
     np.testing.assert_array_equal(f1[k], f0[k], err_msg=str(k))  # Bitwise.
@@ -131,7 +131,7 @@ def test_time_budget_stops_and_saves(data_dir, tmp_path):
   work = str(tmp_path / 'w')
   params, summary = training.train(tiny_model(), data_dir, work,
                                    small_cfg(steps=1000, max_seconds=0.0))
-  assert summary['stopped_by_time'] and summary['step'] == 1
+  assert not summary['done'] and summary['step'] == 1
   saved = load_params(f'{work}/checkpoint_1')
   np.testing.assert_array_equal(saved['decoder']['logits_dense']['kernel'],
                                 params['decoder']['logits_dense']['kernel'])

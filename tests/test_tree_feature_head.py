@@ -31,7 +31,7 @@ from specdec_t5x import generate
 from specdec_t5x.algorithm import api, sampling, tree_accept
 from specdec_t5x.algorithm.cpu import packing
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.research.train import feature_head as feature_train
+from specdec_t5x.research.measure import forcing
 
 REDUCED = tuple(range(1, ttd.VOCAB, 3))  # the greedy cases' reduced draft vocabulary
 GREEDY = {  # name: (batch, gamma, copy_branch, draft_siblings, draft vocabulary, prompt)
@@ -98,8 +98,8 @@ def check_first_head_calls(target, head, config, seeds=3):
   before each. Returns per row the accepted tokens by source [3]."""
   enc = np.concatenate([ttd._own_output(target, 1, seed) for seed in range(seeds)])
   tokens, steps = _first_head_calls(target, head, enc, config, ttd.L)
-  dec_in = feature_train.shift_right(tokens)
-  before = np.asarray(feature_train.teacher_forced(*target, enc, dec_in)[2])
+  dec_in = forcing.shift_right(tokens)
+  before = np.asarray(forcing.features(*target, enc, dec_in)[2])
   for r, (calls, _) in enumerate(steps):
     assert len(calls) >= 2, (r, len(calls))
     for fed, (start,), features, (pick,) in calls:

@@ -72,6 +72,25 @@ def ideal_speedup(tokens_per_call: ArrayLike, gamma: ArrayLike, t_draft: ArrayLi
   return (n * t_t / (g * t_d + t_v))[()]
 
 
+def end_to_end_speedup(sequences: float, ar_calls: float, spec_calls: float, t_target: float,
+                       t_step: float, prefill_target: float, prefill_draft: float) -> float:
+  """AR time / speculative time with each sequence's prefill (encoder and cache) counted:
+  (n P_t + N_ar t_target) / (n (P_t + P_d) + N_spec t_step).
+
+  Args:
+    sequences: n, the sequences decoded (each pays the prefills once).
+    ar_calls: N_ar, the autoregressive decode's target calls (its output tokens).
+    spec_calls: N_spec, the speculative decode's steps (target calls).
+    t_target: time of one autoregressive target step.
+    t_step: time of one speculative step (the draft's calls and the verify call).
+    prefill_target: P_t, the target's prefill per sequence.
+    prefill_draft: P_d, the draft's prefill per sequence.
+  """
+  ar = sequences * prefill_target + ar_calls * t_target
+  spec = sequences * (prefill_target + prefill_draft) + spec_calls * t_step
+  return ar / spec
+
+
 def walltime_improvement_measured(alpha: ArrayLike, gamma: ArrayLike, t_draft: ArrayLike,
                                   t_target: ArrayLike, t_verify: ArrayLike) -> np.ndarray:
   """Improvement with a measured verify cost: E[tokens] * t_target / (gamma*t_draft + t_verify).

@@ -29,6 +29,7 @@ import seqio
 import tensorflow as tf
 
 from specdec_t5x.integration import demo, metrics
+from specdec_t5x.integration.prefixes import PREFIXES, SUMMARIZE_PREFIX, TRANSLATE_PREFIX
 
 T5_VOCAB_PATH = 'gs://t5-data/vocabs/cc_all.32000/sentencepiece.model'
 T5_EXTRA_IDS = 100  # t5.data.DEFAULT_EXTRA_IDS: sentinels <extra_id_0..99>.
@@ -39,10 +40,6 @@ DEMO_ENDE = 'demo_ende'
 DEMO_SUMMARIZE = 'demo_summarize'
 TASK_NAMES = (WMT_ENDE, CNN_DAILYMAIL, DEMO_ENDE, DEMO_SUMMARIZE)
 DEMO_SPLITS = ('train', 'validation', 'test')
-
-TRANSLATE_PREFIX = 'translate English to German: '  # T5's translate(en -> de).
-SUMMARIZE_PREFIX = 'summarize: '  # T5's summarize: join(['summarize:', article], ' ').
-PREFIXES = {'ende': TRANSLATE_PREFIX, 'summarize': SUMMARIZE_PREFIX}  # by demo task name
 
 
 def _text_pair(prefix: str, input_key: str, target_key: str):

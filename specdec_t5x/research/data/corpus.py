@@ -24,9 +24,9 @@ import re
 import struct
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
-from specdec_t5x.integration import tasks
+from specdec_t5x.integration import prefixes
 
-TASK_PREFIXES = tasks.PREFIXES  # defined once, with the seqio tasks
+TASK_PREFIXES = prefixes.PREFIXES  # defined once, read by the seqio tasks too
 
 SPLITS = ('train', 'validation', 'test')
 

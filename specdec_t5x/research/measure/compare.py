@@ -24,7 +24,7 @@ from specdec_t5x.algorithm import stats as stats_lib
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.algorithm.drafts import CopyDraft
 from specdec_t5x.research.experiments._base import Preset
-from specdec_t5x.research.measure import demo_data, evaluation, speed
+from specdec_t5x.research.measure import demo_data, evaluation, speed, timed_rows
 from specdec_t5x.research.measure.decode_specs import (DEFAULT_DRAFT, is_chain,  # noqa: F401
                                                parse_decode)
 
@@ -67,8 +67,8 @@ def decoders(target, enc: np.ndarray, exp: Preset, task: str, temperature: float
 
 def _totals(outs: Sequence[Any]) -> Tuple[np.ndarray, Dict[str, Any]]:
   """-> (tokens of every row [N, max_len], stats_lib.summarize of the statistics summed
-  over the rows and calls: demo_data.row_totals' and the batch statistics)."""
-  tokens, per_example = demo_data.row_totals(outs)
+  over the rows and calls: timed_rows.row_totals' and the batch statistics)."""
+  tokens, per_example = timed_rows.row_totals(outs)
   per_batch = {k: np.sum([np.asarray(o.stats[k]) for o in outs], axis=0)
                for k in stats_lib.BATCH_STATS}
   return tokens, stats_lib.summarize({**per_example, **per_batch})
@@ -79,11 +79,9 @@ def rows_of(timings: Any, task: str, temperature: float, vocab=None, refs=None
   """One result row per decode of harness.interleaved over `decoders`' fns (AR first):
   the decode's shape, its statistics, median seconds, speedups over AR and over the best
   plain chain (is_chain), whether its tokens equal AR's and, given refs, its quality."""
-  med = timings.median
-  base_tokens, _ = _totals(timings.outputs[BASE])
   rows = []
-  for name, outs in timings.outputs.items():
-    tokens, summary = _totals(outs)
+  for t in timed_rows.timed(timings, BASE, _totals):
+    name, tokens, summary = t.name, t.tokens, t.stats
     settings, draft = parse_decode(name) if name != BASE else (None, None)
     config = DecodeConfig(**settings) if settings else None
     row = dict(task=task, temperature=temperature, decode=name, draft=draft,
@@ -91,8 +89,7 @@ def rows_of(timings: Any, task: str, temperature: float, vocab=None, refs=None
                draft_calls=config.gamma if config else 0,
                lossy=bool(config and config.lenience < 1.0),
                **summary, drafts_per_step=summary['drafted_tokens'] / summary['target_calls'],
-               seconds=med[name], speedup_vs_ar=med[BASE] / med[name],
-               equal_to_ar=bool(np.array_equal(tokens, base_tokens)))
+               seconds=t.seconds, speedup_vs_ar=t.speedup_vs_ar, equal_to_ar=t.equal_to_ar)
     if refs is not None:
       row.update(demo_data.quality(task, refs, demo_data.texts(vocab, tokens)))
     rows.append(row)

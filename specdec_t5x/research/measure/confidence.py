@@ -20,7 +20,7 @@ import numpy as np
 
 from specdec_t5x.algorithm import api
 from specdec_t5x.algorithm.feature_draft import FeatureDraft
-from specdec_t5x.research.train import feature_head as feature_train
+from specdec_t5x.research.measure import forcing
 
 ModelAndParams = Tuple[Any, Any]
 EDGES = (0.0, 0.3, 0.5, 0.7, 0.9, 1.0)  # top-1 probability buckets [lo, hi); the last is closed
@@ -30,22 +30,22 @@ POSITIONS = (0, 8, 16, 32)  # output position buckets [lo, next lo), the last on
 def draft_argmax(draft: ModelAndParams, target: ModelAndParams, enc: np.ndarray,
                  tokens: np.ndarray, forced: Optional[dict] = None) -> np.ndarray:
   """The draft's argmax [b, L] at every position of `tokens`, teacher forced (a feature
-  head reads the target's features of the true prefix: the target's
-  feature_train.teacher_forced pass over `tokens` with the head's feature_layers, taken
-  from `forced` (keyed by them) or computed here and added to it)."""
+  head reads the target's features of the true prefix: the target's forcing.features
+  pass over `tokens` with the head's feature_layers, taken from `forced` (keyed by them)
+  or computed here and added to it)."""
   module, params = draft
-  dec_in = feature_train.shift_right(tokens)
   if isinstance(module, FeatureDraft):
+    dec_in = forcing.shift_right(tokens)
     forced = {} if forced is None else forced
     layers = module.config.feature_layers
     if layers not in forced:
-      forced[layers] = feature_train.teacher_forced(*target, enc, dec_in, tokens, layers)
+      forced[layers] = forcing.features(*target, enc, dec_in, tokens, layers)
     _, _, before, encoded = forced[layers]
     logits = module.apply({'params': params}, encoded, enc, dec_in, before, tokens)[0][0]
     best = jnp.argmax(logits, -1)
     ids = module.config.draft_vocab
     return np.asarray(jnp.asarray(ids, jnp.int32)[best] if ids else best)
-  return np.asarray(jnp.argmax(module.apply({'params': params}, enc, dec_in, tokens), -1))
+  return np.asarray(jnp.argmax(forcing.logits(module, params, enc, tokens, tokens), -1))
 
 
 def agreement_table(target: ModelAndParams, drafts: Dict[str, ModelAndParams],
@@ -56,8 +56,8 @@ def agreement_table(target: ModelAndParams, drafts: Dict[str, ModelAndParams],
   bucket; plus every draft's overall agreement. Positions: the target's greedy output
   tokens up to and including EOS."""
   tokens = np.asarray(api.generate(target, enc, max_decode_length=max_len).tokens)
-  forced = {(): feature_train.teacher_forced(*target, enc, feature_train.shift_right(tokens),
-                                             tokens)}  # for the table and every head
+  forced = {(): forcing.features(*target, enc, forcing.shift_right(tokens),
+                                 tokens)}  # for the table and every head
   probs = jax.nn.softmax(forced[()][0].astype(jnp.float32), -1)
   top1, best = np.asarray(jnp.max(probs, -1)), np.asarray(jnp.argmax(probs, -1))
   mask = tokens > 0

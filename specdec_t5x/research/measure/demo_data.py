@@ -18,7 +18,7 @@ from specdec_t5x.algorithm import batching
 from specdec_t5x.algorithm import stats as stats_lib
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.integration import infer_output, metrics
-from specdec_t5x.research.measure import evaluation, speed
+from specdec_t5x.research.measure import evaluation, speed, timed_rows
 from specdec_t5x.research.results import harness
 
 
@@ -51,13 +51,6 @@ def row_decoder(target, enc: np.ndarray, max_len: int, draft=None,
   return speed.Decoder(target, draft, enc, max_len, DecodeConfig(**settings))
 
 
-def row_totals(outs: Sequence[Any]) -> Tuple[np.ndarray, Dict[str, int]]:
-  """-> (tokens [N, max_len] of every row of every output, the per-example statistics
-  summed over the rows) of row_decoder's outputs (batches of any size)."""
-  tokens = np.concatenate([np.asarray(o.tokens) for o in outs])
-  return tokens, {k: int(sum(np.asarray(o.stats[k]).sum() for o in outs)) for k in stats_lib.PER_EXAMPLE_STATS}
-
-
 def rates(stats: Dict[str, int]) -> Dict[str, Any]:
   """alpha = accepted / drafted (None when nothing was drafted), tokens per target call
   and drafts per target call."""
@@ -68,16 +61,10 @@ def rates(stats: Dict[str, int]) -> Dict[str, Any]:
 
 
 def row_results(timings: Any, base: str = 'AR') -> Dict[str, Dict[str, Any]]:
-  """Per name of harness.interleaved over row_decoder fns: median seconds, speedup_vs_ar
-  (over `base`), rates, whether the tokens equal `base`'s (equal_to_ar) and the summed statistics."""
-  med = timings.median
-  base_tokens, _ = row_totals(timings.outputs[base])
-  out = {}
-  for name, outs in timings.outputs.items():
-    tokens, stats = row_totals(outs)
-    out[name] = dict(seconds=med[name], speedup_vs_ar=med[base] / med[name], **rates(stats),
-                     equal_to_ar=bool(np.array_equal(tokens, base_tokens)), **stats)
-  return out
+  """Per name of harness.interleaved over row_decoder fns (timed_rows.timed): median seconds,
+  speedup_vs_ar (over `base`), rates, equal_to_ar and the summed statistics."""
+  return {t.name: dict(seconds=t.seconds, speedup_vs_ar=t.speedup_vs_ar, **rates(t.stats),
+                       equal_to_ar=t.equal_to_ar, **t.stats) for t in timed_rows.timed(timings, base)}
 
 
 def alpha_cells(path: str) -> List[Dict[str, Any]]:

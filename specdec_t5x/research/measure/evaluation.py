@@ -14,10 +14,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import api, batching, sampling
+from specdec_t5x.algorithm import batching, sampling
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.integration import demo, draft_files, draft_state, model_dir
-from specdec_t5x.integration.tasks import PREFIXES
+from specdec_t5x.integration.prefixes import PREFIXES
+from specdec_t5x.research.measure import batched, forcing
 
 # The demo's locations under the demo root (integration/demo.py: $SPECDEC_DEMO_ROOT, else
 # the current directory when this module is imported; the scripts run from the repository).
@@ -74,27 +75,14 @@ def load_examples(task: str, num: Optional[int] = None, vocab_path: str = DEMO_V
 def target_outputs(target: ModelAndParams, enc: np.ndarray, cfg: sampling.SamplingConfig,
                    max_len: int, seed: int = 0, eos_id: int = 1,
                    batch: int = 16) -> List[np.ndarray]:
-  """Target-only (autoregressive) decodes of enc [N, L], each cut after its EOS."""
+  """Target-only (autoregressive) decodes of enc [N, L], each cut after its EOS (`batch`
+  rows at a time, the last batch filled up: batched.split)."""
   outs = []
-  for start in range(0, len(enc), batch):
-    chunk = batching.trim_batch(enc[start:start + batch])
-    n = len(chunk)
-    chunk = np.concatenate([chunk, np.repeat(chunk[:1], batch - n, 0)]) if n < batch else chunk
-    out = api.generate(target, chunk, config=DecodeConfig.from_sampling(cfg),
-                       max_decode_length=max_len, rng=jax.random.PRNGKey(seed + start),
-                       eos_id=eos_id)
-    lengths = np.asarray(out.stats['generated_tokens'])
-    tokens = np.asarray(out.tokens)
-    outs += [tokens[i, :lengths[i]] for i in range(n)]
+  for b, out in batched.decode(target, batched.split(enc, batch), max_len,
+                               config=DecodeConfig.from_sampling(cfg), seed=seed,
+                               eos_id=eos_id):
+    outs += batched.outputs(out, b.n)
   return outs
-
-
-def _logits(module, params, enc, dec_targets):
-  dec_in = jnp.pad(dec_targets[:, :-1], ((0, 0), (1, 0)))  # shift right, BOS = 0
-  return module.apply({'params': params}, enc, dec_in)
-
-
-_LOGITS = jax.jit(_logits, static_argnums=0)
 
 
 def _beta(p_logits, q_logits, cfg: sampling.SamplingConfig):
@@ -112,13 +100,11 @@ def teacher_forced_logits(models: Sequence[ModelAndParams], enc: np.ndarray,
   every batch has one shape and one compile): (its real rows, [each model's teacher-forced
   logits [batch, L, V] on them])."""
   dec_len = batching.bucket_length(max(len(o) for o in outputs))
-  for start in range(0, len(outputs), batch):
-    rows = list(outputs[start:start + batch])
-    n = len(rows)
-    e = batching.trim_batch(np.concatenate([enc[start:start + n],
-                                            np.repeat(enc[start:start + 1], batch - n, 0)]))
-    d = batching.pad_batch(rows + [rows[0]] * (batch - n), dec_len, min_len=dec_len)
-    yield rows, [_LOGITS(m[0], m[1], jnp.asarray(e), jnp.asarray(d)) for m in models]
+  for b in batched.split(enc[:len(outputs)], batch):
+    rows = list(outputs[b.start:b.start + b.n])
+    d = batching.pad_batch(rows + [rows[0]] * (batch - b.n), dec_len, min_len=dec_len)
+    yield rows, [forcing.jitted_logits(m[0], m[1], jnp.asarray(b.rows), jnp.asarray(d))
+                 for m in models]
 
 
 def betas(target: ModelAndParams, draft: ModelAndParams, enc: np.ndarray,

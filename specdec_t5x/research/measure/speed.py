@@ -18,7 +18,8 @@ import numpy as np
 from specdec_t5x.algorithm import api, batching, sampling, theory, timing
 from specdec_t5x.algorithm import stats as stats_lib
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.research.measure import evaluation
+from specdec_t5x.research.measure import batched, evaluation, timed_rows
+from specdec_t5x.research.results import harness
 
 ModelAndParams = Tuple[Any, Any]
 
@@ -46,21 +47,16 @@ class Decoder:
       raise ValueError(f'{len(self.enc)} encoder rows do not split into batches of '
                        f'{self.batch}; pass a multiple of the batch.')
     # Each batch at its length bucket, cut once rather than inside the timed loop.
-    self._rows = [batching.trim_batch(self.enc[i:i + self.batch])
-                  for i in range(0, len(self.enc), self.batch)]
+    self._batches = batched.split(self.enc, self.batch, fill=None)
 
   def __call__(self):
-    outs = []
-    for i, row in enumerate(self._rows):
-      outs.append(api.generate(
-          self.target, row, draft=self.draft, config=self.config,
-          max_decode_length=self.max_len, rng=jax.random.PRNGKey(self.seed + i),
-          eos_id=self.eos_id))
+    outs = [out for _, out in batched.decode(
+        self.target, self._batches, self.max_len, draft=self.draft, config=self.config,
+        seed=self.seed, eos_id=self.eos_id, key_by='index')]
     timing.block(outs)
     self.stats = jax.tree_util.tree_map(lambda *xs: np.sum([np.asarray(x) for x in xs], axis=0),
                                         *[o.stats for o in outs])
-    self.tokens = [np.asarray(o.tokens[r, :int(o.stats['generated_tokens'][r])])
-                   for o in outs for r in range(self.batch)]
+    self.tokens = [row for o in outs for row in batched.outputs(o, self.batch)]
     self.iterations = sum(int(np.max(o.stats['target_calls'])) for o in outs)
     return outs
 
@@ -91,7 +87,7 @@ def costs(target: ModelAndParams, drafts_: Dict[str, ModelAndParams], enc: np.nd
 def ideal_end_to_end(num_sequences: int, ar_calls: float, spec_calls: float, gamma: int,
                      cost: Dict[str, float], draft: str, refeed: bool = False) -> float:
   """AR time / speculative time predicted from call costs alone, per-sequence prefill
-  (encoder + cache) included: (n P_t + N_ar t_t) / (n (P_t + P_d) + N_spec (g t_d + t_v)).
+  (encoder + cache) included (theory.end_to_end_speedup at a step of g t_d + t_v).
 
   The paper's ideal (theory.ideal_speedup) leaves out the prefill, which both methods pay
   once per sequence; at batch 1 on a CPU it is a sizeable share of short decodes.
@@ -104,17 +100,16 @@ def ideal_end_to_end(num_sequences: int, ar_calls: float, spec_calls: float, gam
   drafting = gamma * t_d
   if refeed:
     drafting = cost[f't_draft_refeed_{draft}'] + (gamma - 1) * t_d
-  ar = num_sequences * pre_t + ar_calls * t_t
-  spec = num_sequences * (pre_t + pre_d) + spec_calls * (drafting + t_v)
-  return ar / spec
+  return theory.end_to_end_speedup(num_sequences, ar_calls, spec_calls, t_t, drafting + t_v,
+                                   pre_t, pre_d)
 
 
-def _rows(ar: Decoder, decs: Dict[int, Decoder], med: Dict[str, float], name: str,
+def _rows(ar: Decoder, decs: Dict[int, Decoder], timed: Dict[str, timed_rows.Timed], name: str,
           cost: Dict[str, float], alpha: Optional[float]) -> List[Dict[str, Any]]:
   t_t, t_d = cost['t_target_step'], cost[f't_draft_step_{name}']
   rows = []
   for g, dec in decs.items():
-    s = dec.stats
+    s, spec = dec.stats, timed[f'{name}_g{g}']
     tpc = float(s['generated_tokens'].sum()) / float(s['target_calls'].sum())
     t_v = cost[f't_verify_{g + 1}']
     fit = theory.alpha_from_tokens_per_call(tpc, g)
@@ -122,7 +117,7 @@ def _rows(ar: Decoder, decs: Dict[int, Decoder], med: Dict[str, float], name: st
     # Per generated token: when sampling, speculative and AR outputs differ in length.
     ar_tokens, spec_tokens = float(ar.stats['generated_tokens'].sum()), float(
         s['generated_tokens'].sum())
-    measured = (med['ar'] / ar_tokens) / (med[f'{name}_g{g}'] / spec_tokens)
+    measured = (timed['ar'].seconds / ar_tokens) / (spec.seconds / spec_tokens)
     e2e = None
     if 't_prefill_target' in cost:
       e2e = ideal_end_to_end(len(dec.enc), float(ar.stats['target_calls'].sum()),
@@ -140,10 +135,10 @@ def _rows(ar: Decoder, decs: Dict[int, Decoder], med: Dict[str, float], name: st
         'efficiency_end_to_end': None if e2e is None else measured / e2e,
         'speedup_theory': float(theory.walltime_improvement_measured(
             fit if alpha is None else alpha, g, t_d, t_t, t_v)),
-        'time_ratio': med['ar'] / med[f'{name}_g{g}'],
+        'time_ratio': spec.speedup_vs_ar,
         'same_tokens_as_ar': int(sum(np.array_equal(a, b) for a, b in
                                      zip(ar.tokens, dec.tokens))),
-        'spec_seconds_median': med[f'{name}_g{g}']})
+        'spec_seconds_median': spec.seconds})
   return rows
 
 
@@ -191,13 +186,14 @@ def sweep(target: ModelAndParams, drafts_: Dict[str, ModelAndParams], enc: np.nd
           for name, d in drafts_.items()}
   fns: Dict[str, Any] = {'ar': ar}
   fns.update({f'{name}_g{g}': dec for name, by_g in decs.items() for g, dec in by_g.items()})
-  times = timing.median_times(fns, repeats)
-  med = {k: statistics.median(v) for k, v in times.items()}
-  out = {'ar_seconds_median': med['ar'], 'ar_tokens': float(ar.stats['generated_tokens'].sum()),
-         'raw_times_s': times, 'drafts': {}}
+  timings = harness.interleaved(fns, repeats)
+  timed = {t.name: t for t in timed_rows.timed(timings, 'ar')}
+  out = {'ar_seconds_median': timed['ar'].seconds,
+         'ar_tokens': float(ar.stats['generated_tokens'].sum()), 'raw_times_s': timings.seconds,
+         'drafts': {}}
   for name in drafts_:
     alpha = (alphas or {}).get(name)
-    rows = _rows(ar, decs[name], med, name, cost, alpha)
+    rows = _rows(ar, decs[name], timed, name, cost, alpha)
     out['drafts'][name] = {'rows': rows, 'alpha_source': 'fit' if alpha is None else 'given',
                            **_choice(rows, cost, name, alpha)}
   return out
@@ -208,12 +204,9 @@ def speculative_stats(target: ModelAndParams, draft: ModelAndParams, enc: np.nda
                       eos_id: int = 1, batch: int = 16) -> Dict[str, np.ndarray]:
   """Summed generate() statistics of speculative decoding over the rows of enc [N, L]."""
   total: Dict[str, np.ndarray] = {}
-  for start in range(0, len(enc), batch):
-    chunk = batching.trim_batch(enc[start:start + batch])
-    out = api.generate(target, chunk, draft=draft,
-                       config=DecodeConfig.from_sampling(cfg, gamma=gamma),
-                       max_decode_length=max_len, rng=jax.random.PRNGKey(seed + start),
-                       eos_id=eos_id)
+  for _, out in batched.decode(target, batched.split(enc, batch, fill=None), max_len,
+                               draft=draft, config=DecodeConfig.from_sampling(cfg, gamma=gamma),
+                               seed=seed, eos_id=eos_id):
     for k, v in out.stats.items():  # per-row counters are summed; the histogram is [g+1]
       v = np.asarray(v)
       total[k] = total.get(k, 0) + (v if k == 'accepted_length_histogram' else v.sum(0))

@@ -10,6 +10,7 @@ share), the answer comes from what a step costs:
   tokens per step   E(alpha, g) = (1 - alpha^(g+1)) / (1 - alpha), i.i.d. acceptance
   decode only       E t_target / t_step[g]
   end to end        (P_t + L t_target) / (P_t + P_d + (L / E) t_step[g])
+                    (theory.end_to_end_speedup for one sequence)
 
 with t_target an autoregressive step, t_step[g] a speculative step at gamma g (the
 draft's calls and the verify call: `Costs.from_calls` adds them up from single calls' costs;
@@ -56,10 +57,9 @@ def speedup(costs: Costs, alpha: float, gamma: int, output_tokens: float = 0.0) 
   tokens = float(theory.expected_tokens_per_step(alpha, gamma))
   if not output_tokens:
     return tokens * costs.t_target / costs.t_step[gamma]
-  ar = costs.prefill_target + output_tokens * costs.t_target
-  spec = (costs.prefill_target + costs.prefill_draft
-          + output_tokens / tokens * costs.t_step[gamma])
-  return ar / spec
+  return theory.end_to_end_speedup(1, output_tokens, output_tokens / tokens, costs.t_target,
+                                   costs.t_step[gamma], costs.prefill_target,
+                                   costs.prefill_draft)
 
 
 def best(costs: Costs, alpha: float, output_tokens: float = 0.0) -> Tuple[int, float]:

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import tqdm
 
-from specdec_t5x.algorithm import api
 from specdec_t5x.algorithm.network import Transformer
+from specdec_t5x.research.measure import batched
 
 
 def distill_targets(model: Transformer, params: Any, inputs: np.ndarray, max_len: int,
@@ -24,10 +24,8 @@ def distill_targets(model: Transformer, params: Any, inputs: np.ndarray, max_len
   `batch_size` rows (the last padded with dummy rows), so one shape is compiled.
   """
   out = np.zeros((len(inputs), max_len), np.int32)  # [N, max_len]
-  for s in tqdm.tqdm(range(0, len(inputs), batch_size), disable=not progress, desc='distill'):
-    rows = inputs[s:s + batch_size]
-    padded = np.pad(rows, ((0, batch_size - len(rows)), (0, 0)))  # [batch_size, in_len]
-    padded[len(rows):, 0] = 1  # Dummy rows: a lone EOS.
-    tokens = api.generate((model, params), padded, max_decode_length=max_len).tokens
-    out[s:s + len(rows)] = np.asarray(tokens)[:len(rows)]
+  batches = batched.split(inputs, batch_size, fill='eos', trim=False)  # Dummy rows: a lone EOS.
+  for b, decoded in tqdm.tqdm(batched.decode((model, params), batches, max_len),
+                              total=len(batches), disable=not progress, desc='distill'):
+    out[b.start:b.start + b.n] = np.asarray(decoded.tokens)[:b.n]
   return out

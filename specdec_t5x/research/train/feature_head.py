@@ -14,9 +14,9 @@ vocabulary when it has one, the target's mass outside it being out of the head's
 Logged per pass: how often the head's argmax is the target's (greedy acceptance of the
 j-th draft given the earlier ones were right).
 
-Resumable and guarded like research/train/loop.py: Orbax checkpoints of params, optimizer
-state and data cursors in `workdir` (train_state), a run resumed at step s sees the same
-batches as one never stopped; NaN losses stop the run before anything is saved after them.
+It runs in research/train/loop.py's loop, as the models do: Orbax checkpoints of params,
+optimizer state and data cursors in `workdir` (train_state), a run resumed at step s sees the
+same batches as one never stopped; NaN losses stop the run before anything is saved after them.
 """
 
 from __future__ import annotations
@@ -32,34 +32,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import tqdm
 
 from specdec_t5x.algorithm import drafting, feature_draft
 from specdec_t5x.algorithm.network import T5Config, Transformer
-from specdec_t5x.integration import model_dir, run_dir
-from specdec_t5x.research.train import state as train_state
+from specdec_t5x.integration import model_dir
+from specdec_t5x.research.measure import forcing
+from specdec_t5x.research.train import loop, state as train_state
 from specdec_t5x.research.train.config import TrainConfig
 from specdec_t5x.research.train.data import Mixture, load_split, validation_batches
-from specdec_t5x.research.train.optim import LearningRate, make_optimizer
+from specdec_t5x.research.train.optim import make_optimizer
 
 Params = Any
 BUCKET = 16  # batches are cut to their longest row, rounded up to this (fewer compiles)
-
-
-def shift_right(tokens):
-  """Decoder inputs for outputs `tokens` [b, L]: BOS (0), then each token one later."""
-  return jnp.pad(jnp.asarray(tokens)[:, :-1], ((0, 0), (1, 0)))
-
-
-def teacher_forced(target: Any, target_params: Params, enc, dec_in, tgt=None,
-                   feature_layers: tuple = ()):
-  """The target run teacher forced over `dec_in` -> (logits, features [b, L, F] (fused
-  with `feature_layers`' outputs: FeatureDraftConfig's), the features before each
-  position (the head's input there; zeros before BOS), encoder output). `tgt` (the
-  outputs, or None) only marks the padding."""
-  logits, feats, encoded = target.apply({'params': target_params}, enc, dec_in, tgt,
-                                        feature_layers, method='features')
-  return logits, feats, jnp.pad(feats[:, :-1], ((0, 0), (1, 0), (0, 0))), encoded
 
 
 def trim(batch: dict, max_target_len: Optional[int] = None) -> dict:
@@ -88,7 +72,7 @@ def make_steps(target_cfg: T5Config, head_cfg: feature_draft.FeatureDraftConfig,
     enc, dec_in = batch['encoder_input_tokens'], batch['decoder_input_tokens']
     tgt = batch['decoder_target_tokens']
     logits_t, feats, before, encoded = jax.lax.stop_gradient(
-        teacher_forced(target, target_params, enc, dec_in, tgt, head_cfg.feature_layers))
+        forcing.features(target, target_params, enc, dec_in, tgt, head_cfg.feature_layers))
     outs = head.apply({'params': params}, encoded, enc, dec_in, before, tgt, passes=passes)
     weights = (tgt > 0).astype(jnp.float32)
     count = jnp.maximum(weights.sum(), 1.0)
@@ -184,6 +168,12 @@ def _rates(metrics: list, passes: int) -> dict:
   return out
 
 
+def _window(metrics: list, passes: int) -> dict:
+  """A log window's mean train loss and its per-pass rates."""
+  loss = float(np.mean([float(m['loss']) for m in metrics]))
+  return {'train_loss': round(loss, 4), **_rates(metrics, passes)}
+
+
 def train_head(target_dir: str, data_dir: str, workdir: str,
                head_cfg: feature_draft.FeatureDraftConfig, cfg: TrainConfig, *,
                passes: int = 3, feature_weight: float = 1.0, max_target_len: Optional[int] = None,
@@ -206,17 +196,15 @@ def train_head(target_dir: str, data_dir: str, workdir: str,
                     cfg.seed, cfg.mixing_rates)
   val = validation_batches(load_split(data_dir, 'validation', target_cfg.vocab_size),
                            cfg.batch_size, cfg.num_val_examples)
-  os.makedirs(workdir, exist_ok=True)
   settings = {'head': dataclasses.asdict(head_cfg) | {'dtype': jnp.dtype(head_cfg.dtype).name},
               'target': os.path.abspath(target_dir), 'passes': passes,
               'feature_weight': feature_weight, 'max_target_len': max_target_len,
               'init_from': init_from and os.path.abspath(init_from),
               'train': dataclasses.asdict(cfg)}
-  config_path = os.path.join(workdir, 'config.json')
-  resuming = train_state.latest_step(workdir)
-  if resuming and os.path.isfile(config_path):
-    with open(config_path, encoding='utf-8') as f:
-      saved = json.load(f)
+
+  def check(saved, resuming):
+    if not (resuming and saved):
+      return
     changed = [k for k in ('head', 'passes', 'feature_weight', 'max_target_len', 'init_from')
                if saved.get(k) != json.loads(json.dumps(settings[k]))]
     changed += [k for k in ('steps', 'batch_size', 'learning_rate', 'warmup_steps', 'seed')
@@ -224,72 +212,19 @@ def train_head(target_dir: str, data_dir: str, workdir: str,
     if changed:
       raise ValueError(f'{workdir} holds a run with other settings ({changed}); use another '
                        'workdir.')
-  manager = train_state.checkpoint_manager(workdir, cfg.keep)
-  train_state.remove_partial_writes(workdir)
-  train_state.truncate_log(workdir, resuming or 0)
-  run_dir.write_atomic(config_path, json.dumps(settings, indent=1))
-  params = feature_draft.init_params(head_cfg, jax.random.PRNGKey(cfg.seed), target_params)
-  if init_from and not resuming:
-    params = start_from(params, head_cfg, init_from)
-  opt_state = tx.init(params)
-  step, cursors, elapsed = 0, np.zeros(len(mixture.names), np.int64), 0.0
-  if resuming:
-    params, opt_state, meta = train_state.restore(manager, resuming, params, opt_state)
-    step, cursors, elapsed = resuming, np.asarray(meta['cursors'], np.int64), meta['elapsed']
-  lr = LearningRate(cfg, cfg.steps)
-  log = open(os.path.join(workdir, 'log.jsonl'), 'a', encoding='utf-8')
 
-  def write(record):
-    record = {'step': step, 'elapsed': round(elapsed + time.time() - t0, 1), **record}
-    log.write(json.dumps(record) + '\n')
-    log.flush()
-    return record
+  def init(resuming):
+    params = feature_draft.init_params(head_cfg, jax.random.PRNGKey(cfg.seed), target_params)
+    return start_from(params, head_cfg, init_from) if init_from and not resuming else params
 
-  def evaluate():
-    return _rates([eval_step(params, target_params, trim(b)) for _, b in val], passes)
-
-  def save():
-    if not bool(jnp.all(jnp.stack([jnp.all(jnp.isfinite(x))
-                                   for x in jax.tree_util.tree_leaves(params)]))):
-      raise FloatingPointError(f'Head training stopped at step {step}: the parameters are no '
-                               f'longer finite; the last good checkpoint is '
-                               f'{manager.latest_step()}. Lower the learning rate.')
-    train_state.save(manager, step, params, opt_state, cursors,
-                     elapsed + time.time() - t0, cfg.steps)
-
-  bar = tqdm.tqdm(total=cfg.steps, initial=step, disable=not progress, desc='feature head')
-  window = []
-  try:
-    while step < cfg.steps:
-      batch, cursors = mixture.batch(step, cursors)
-      params, opt_state, metrics = train_step(params, opt_state, target_params,
-                                              trim(batch, max_target_len), lr(step))
-      step += 1
-      window.append(metrics)
-      bar.update(1)
-      if step % cfg.log_every == 0:
-        loss = float(np.mean([float(m['loss']) for m in window]))
-        if not np.isfinite(loss):
-          raise FloatingPointError(f'Head training stopped: the loss is {loss} near step '
-                                   f'{step}; nothing after checkpoint {manager.latest_step()} '
-                                   'was saved. Lower the learning rate or check the data.')
-        write({'train_loss': round(loss, 4), 'lr': float(lr(step)), **_rates(window, passes)})
-        bar.set_postfix(loss=f'{loss:.3f}', refresh=False)
-        window = []
-      if step % cfg.eval_every == 0:
-        write({'val': evaluate()})
-      if step % cfg.save_every == 0:
-        save()
-      if cfg.max_seconds is not None and time.time() - t0 > cfg.max_seconds:
-        break
-    if manager.latest_step() != step:
-      save()
-    end = write({'event': 'end', 'val': evaluate(), 'done': step >= cfg.steps})
-  finally:
-    bar.close()
-    log.close()
-    manager.close()
-  return params, end
+  begin = train_state.start(workdir, cfg.keep, settings, check, init, tx, len(mixture.names))
+  trainer = loop.Trainer(
+      lambda params, opt_state, batch, lr, _: train_step(
+          params, opt_state, target_params, trim(batch, max_target_len), lr),
+      lambda params: {'val': _rates([eval_step(params, target_params, trim(b))
+                                     for _, b in val], passes)},
+      functools.partial(_window, passes=passes))
+  return loop.run(trainer, cfg, begin, mixture, workdir, t0, 'feature head', progress)
 
 
 def export(params: Params, head_cfg: feature_draft.FeatureDraftConfig, out_dir: str, step: int,

@@ -1,4 +1,12 @@
-"""Teacher-forced training of small T5 v1.1 models on a multitask mixture of token arrays.
+"""One training loop for every trainer here, and the teacher-forced training of small T5
+v1.1 models on a multitask mixture of token arrays that uses it.
+
+`run` steps a `Trainer` (its compiled step, evaluation and log summary: the model's below,
+the feature head's in feature_head.py) over a `Mixture` from a `train_state.Start`: NaN
+losses and params stop it before anything is saved after them, it saves every
+`save_every` steps and at the end, evaluates every `eval_every`, logs every `log_every`
+and stops after `max_seconds`. A resumed run sees the same batches, dropout bits and
+learning rates, so it ends with bitwise the parameters of a run never interrupted.
 
 `train` runs (or resumes) one model until `steps` or `max_seconds`. Its parts:
   train_config     the model presets and the hyperparameters (TrainConfig);
@@ -10,15 +18,14 @@
 and integration/model_dir writes the final model directory (bf16 + config.json).
 
 `steps=None` fits the cosine to `max_seconds` from the step rate measured just after
-compiling (the warmup does not depend on the total). A resumed run sees the same batches,
-dropout bits and learning rates, so it ends with bitwise the parameters of a run never
-interrupted.
+compiling (the warmup does not depend on the total).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import threading
@@ -58,8 +65,9 @@ def _synced_time(x: Any) -> float:
 
 
 class _Meter:
-  """Train loss and tokens/s per log window. The first step of a call (compilation) is not
-  timed, nor are the pauses for evaluation and saving."""
+  """The steps of a log window: their metrics and tokens/s. The first step of a call
+  (compilation) is not timed and not in a window, nor are the pauses for evaluation and
+  saving."""
 
   def __init__(self):
     self.window: Optional[float] = None  # Start of the current window.
@@ -85,15 +93,15 @@ class _Meter:
     yield
     self.window += time.time() - start
 
-  def flush(self) -> Optional[dict[str, float]]:
-    """The window's train loss (CE per target token) and token rates; starts a new one."""
+  def flush(self, summarize: Callable[[list[Any]], dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """The window's `summarize`d metrics and token rates; starts a new window."""
     if not self.pending:
       return None
-    (metrics, padded, nonpad), secs = jax.device_get(list(zip(*self.pending))), (
-        time.time() - self.window)
-    loss = sum(m['ce_sum'] for m in metrics) / max(sum(m['count'] for m in metrics), 1)
+    metrics, padded, nonpad = zip(*self.pending)
+    fields = summarize(list(metrics))  # Fetches them: the window's steps have run.
+    secs = time.time() - self.window
     self.pending, self.window = [], time.time()
-    return {'train_loss': float(loss), 'tokens_per_s': round(sum(padded) / secs, 1),
+    return {**fields, 'tokens_per_s': round(sum(padded) / secs, 1),
             'nonpad_tokens_per_s': round(float(sum(nonpad)) / secs, 1)}
 
 
@@ -114,6 +122,18 @@ class _Log:
     return record
 
 
+@dataclasses.dataclass(frozen=True)
+class Trainer:
+  """What a kind of model brings to `run`: its compiled step, its evaluation and what its
+  log records say of a window of steps."""
+  # (params, opt_state, batch, lr, step) -> (params, opt_state, metrics); metrics['loss']
+  # is the step's loss, checked finite.
+  step: Callable[[Params, Any, Batch, np.float32, int], tuple[Params, Any, Any]]
+  evaluate: Callable[[Params], dict[str, Any]]  # params -> the evaluation's log fields.
+  # The metrics of a log window's steps -> its fields, 'train_loss' among them.
+  summarize: Callable[[list[Any]], dict[str, Any]]
+
+
 @dataclasses.dataclass
 class _Run:
   """What the loop changes: the train state and the run's bookkeeping."""
@@ -123,7 +143,7 @@ class _Run:
   step: int
   total: Optional[int]  # None until fitted to the time budget.
   lr: LearningRate
-  evaluated: Optional[dict[str, Any]] = None  # The latest evaluation's log record.
+  evaluated: Optional[tuple[int, dict[str, Any]]] = None  # (step, fields) evaluated last.
 
   def done(self) -> bool:
     return self.total is not None and self.step >= self.total
@@ -131,13 +151,10 @@ class _Run:
 
 @dataclasses.dataclass
 class _Loop:
-  """The fixed parts of one call of `train`: settings, compiled steps, data, outputs."""
+  """The fixed parts of one call of `run`: settings, the trainer, data, outputs."""
   cfg: TrainConfig
-  train_step: Callable[..., Any]
-  eval_step: Callable[..., Any]
-  teacher_params: Optional[Params]
+  trainer: Trainer
   mixture: Mixture
-  val: list[tuple[str, Batch]]
   manager: Any  # orbax.checkpoint.CheckpointManager
   log: _Log
   bar: Any  # tqdm.tqdm
@@ -146,12 +163,12 @@ class _Loop:
   shown: dict[str, float] = dataclasses.field(default_factory=dict)  # Bar postfix.
   unchecked: Optional[tuple[int, Any]] = None  # (step, loss) not yet checked finite.
 
-  def step(self, run: _Run, key: jax.Array) -> None:
+  def step(self, run: _Run) -> None:
     """One optimizer step on the next batch, then its logging, evaluation and saving."""
     batch, run.cursors = self.mixture.batch(run.step, run.cursors)
     lr = run.lr(run.step)
-    run.params, run.opt_state, metrics = self.train_step(
-        run.params, run.opt_state, batch, lr, key, np.int32(run.step), self.teacher_params)
+    run.params, run.opt_state, metrics = self.trainer.step(
+        run.params, run.opt_state, batch, lr, run.step)
     run.step += 1
     self.check_finite()  # The previous step's loss: computed by now, so no stall.
     self.unchecked = (run.step, metrics['loss'])
@@ -182,16 +199,19 @@ class _Loop:
       self.bar.total = run.total
 
   def log_window(self, run: _Run, lr: np.float32) -> None:
-    """Logs the train loss and token rates of the steps since the last log."""
-    window = self.meter.flush()
+    """Logs the train loss (and the trainer's other fields) and token rates of the steps
+    timed since the last log, with the learning rate of the last one."""
+    window = self.meter.flush(self.trainer.summarize)
     if window:
       self.shown['loss'] = window['train_loss']
-      self.log.write(run.step, {'train_loss': window['train_loss'], 'lr': float(lr),
-                                **{k: v for k, v in window.items() if k != 'train_loss'}})
+      self.log.write(run.step, {'train_loss': window.pop('train_loss'), 'lr': float(lr),
+                                **window})
 
   def evaluate(self, run: _Run) -> None:
-    run.evaluated = self.log.write(run.step, evaluate(run.params, self.eval_step, self.val))
-    self.shown['val'] = run.evaluated['val_loss']
+    run.evaluated = (run.step, self.trainer.evaluate(run.params))
+    self.log.write(run.step, run.evaluated[1])
+    if 'val_loss' in run.evaluated[1]:
+      self.shown['val'] = run.evaluated[1]['val_loss']
 
   def check_finite(self, params: Optional[Params] = None) -> None:
     """Raises FloatingPointError if the last unchecked loss (or `params`) is NaN/inf, so
@@ -242,12 +262,42 @@ class _Loop:
     if self.manager.latest_step() != run.step:
       self.save(run)
     self.check_finite()
-    final = run.evaluated
-    if final is None or final['step'] != run.step:
-      final = evaluate(run.params, self.eval_step, self.val)
-    return self.log.write(run.step, {
-        'event': 'end', **{k: v for k, v in final.items() if k.startswith('val_')},
-        'total_steps': run.total, 'stopped_by_time': not run.done()})
+    step, final = run.evaluated or (None, None)
+    if step != run.step:
+      final = self.trainer.evaluate(run.params)
+    return self.log.write(run.step, {'event': 'end', **final, 'total_steps': run.total,
+                                     'done': run.done()})
+
+
+def run(trainer: Trainer, cfg: TrainConfig, begin: train_state.Start, mixture: Mixture,
+        workdir: str, t0: float, desc: str, progress: bool = False) -> tuple[Params, dict]:
+  """Trains from `begin` until `cfg.steps` (or, without them, a total fitted to
+  `cfg.max_seconds`) or `cfg.max_seconds` from `t0`; returns (params, the end record of
+  log.jsonl: the step, the last evaluation, 'total_steps' and 'done'). Closes
+  `begin.manager`."""
+  total = cfg.steps if cfg.steps is not None else begin.total_steps
+  state = _Run(begin.params, begin.opt_state, begin.cursors, begin.step, total,
+               LearningRate(cfg, total))
+  bar = tqdm.tqdm(total=state.total, initial=state.step, disable=not progress, desc=desc)
+  loop = _Loop(cfg, trainer, mixture, begin.manager, _Log(workdir, t0, begin.elapsed), bar, t0)
+  try:
+    while not state.done():
+      loop.step(state)
+      if loop.out_of_time():
+        break  # Checked after the step: every call makes progress.
+    end = loop.finish(state)
+  finally:
+    bar.close()
+    loop.log.file.close()
+    begin.manager.close()
+  return state.params, end
+
+
+def _window_loss(metrics: list[Any]) -> dict[str, float]:
+  """A model's train loss over a log window: cross-entropy per target token."""
+  metrics = jax.device_get(metrics)
+  loss = sum(m['ce_sum'] for m in metrics) / max(sum(m['count'] for m in metrics), 1)
+  return {'train_loss': float(loss)}
 
 
 def train(model_cfg: T5Config, data_dir: str, workdir: str, cfg: TrainConfig,
@@ -275,25 +325,16 @@ def train(model_cfg: T5Config, data_dir: str, workdir: str, cfg: TrainConfig,
                     cfg.mixing_rates)
   val = validation_batches(load_split(data_dir, 'validation', vocab), cfg.batch_size,
                            cfg.num_val_examples)
-  begin = train_state.start(workdir, model_cfg, cfg, tx, len(mixture.names),
-                            allow_changed_config)
-  total = cfg.steps if cfg.steps is not None else begin.total_steps
-  run = _Run(begin.params, begin.opt_state, begin.cursors, begin.step, total,
-             LearningRate(cfg, total))
-  print(f'{workdir}: {num_params(run.params):,} params, devices {jax.devices()}, '
-        f"{'resuming at' if run.step else 'starting from'} step {run.step}", flush=True)
+  begin = train_state.start(
+      workdir, cfg.keep, train_state.model_config(model_cfg, cfg),
+      functools.partial(train_state.check_config, workdir, model_cfg, cfg,
+                        allow_changed_config=allow_changed_config),
+      functools.partial(train_state.init_model, model_cfg, cfg), tx, len(mixture.names))
+  print(f'{workdir}: {num_params(begin.params):,} params, devices {jax.devices()}, '
+        f"{'resuming at' if begin.step else 'starting from'} step {begin.step}", flush=True)
   key = jax.random.key(cfg.seed, impl='rbg')  # Dropout bits: rbg compiles ~3x faster.
-  bar = tqdm.tqdm(total=run.total, initial=run.step, disable=not progress,
-                  desc=os.path.basename(workdir.rstrip('/')))
-  loop = _Loop(cfg, train_step, eval_step, teacher_params, mixture, val, begin.manager,
-               _Log(workdir, t0, begin.elapsed), bar, t0)
-  try:
-    while not run.done():
-      loop.step(run, key)
-      if loop.out_of_time():
-        break  # Checked after the step: every call makes progress.
-    summary = loop.finish(run)
-  finally:
-    loop.log.file.close()
-    begin.manager.close()
-  return run.params, summary
+  step = lambda params, opt_state, batch, lr, i: train_step(
+      params, opt_state, batch, lr, key, np.int32(i), teacher_params)
+  trainer = Trainer(step, lambda params: evaluate(params, eval_step, val), _window_loss)
+  return run(trainer, cfg, begin, mixture, workdir, t0,
+             os.path.basename(workdir.rstrip('/')), progress)

@@ -2,7 +2,8 @@
 
   <workdir>/checkpoint_<step>/state/   Orbax PyTree {'params' (float32), 'opt_state'}
   <workdir>/checkpoint_<step>/meta/    JSON {'cursors', 'elapsed', 'total_steps'}
-  <workdir>/config.json                {'model': T5Config fields, 'train': TrainConfig}
+  <workdir>/config.json                the run's settings ({'model': T5Config fields,
+                                       'train': TrainConfig} for a model)
   <workdir>/log.jsonl                  one record per log, eval and end event
 
 Orbax's `CheckpointManager` keeps the latest `keep` steps and writes each step into a
@@ -18,7 +19,7 @@ import dataclasses
 import glob
 import json
 import os
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import flax
 import jax
@@ -85,18 +86,15 @@ def restore(manager: ocp.CheckpointManager, step: int, params: Params,
   return restored.state['params'], restored.state['opt_state'], dict(restored.meta)
 
 
-def check_config(workdir: str, model_cfg: T5Config, cfg: TrainConfig, resuming: Optional[int],
-                 allow_changed_config: bool = False) -> None:
-  """Refuses a workdir whose config.json holds another model, or (when `resuming`) other
-  hyperparameters (see `changed_settings`) unless `allow_changed_config`."""
+def check_config(workdir: str, model_cfg: T5Config, cfg: TrainConfig, saved: Optional[dict],
+                 resuming: Optional[int], allow_changed_config: bool = False) -> None:
+  """Refuses a workdir whose config.json (`saved`) holds another model, or (when
+  `resuming`) other hyperparameters (see `changed_settings`) unless `allow_changed_config`."""
   if glob.glob(os.path.join(glob.escape(workdir), 'train_state_*.msgpack')):
     raise ValueError(f'{workdir} was written by an older version of this trainer '
                      '(train_state_<step>.msgpack files); use another --workdir.')
-  path = os.path.join(workdir, 'config.json')
-  if not os.path.isfile(path):
+  if saved is None:
     return
-  with open(path, encoding='utf-8') as f:
-    saved = json.load(f)
   model = model_dir.config_to_dict(model_cfg)
   if saved['model'] != model:
     raise ValueError(f'{workdir} holds a different model than {model}')
@@ -109,9 +107,19 @@ def check_config(workdir: str, model_cfg: T5Config, cfg: TrainConfig, resuming: 
         'or pass --allow_changed_config (train(..., allow_changed_config=True)).')
 
 
-def write_config(workdir: str, model_cfg: T5Config, cfg: TrainConfig) -> None:
-  run_dir.write_atomic(os.path.join(workdir, 'config.json'), json.dumps(
-      {'model': model_dir.config_to_dict(model_cfg), 'train': dataclasses.asdict(cfg)}))
+def model_config(model_cfg: T5Config, cfg: TrainConfig) -> dict[str, Any]:
+  """What a model's workdir records in config.json: the model and its hyperparameters."""
+  return {'model': model_dir.config_to_dict(model_cfg), 'train': dataclasses.asdict(cfg)}
+
+
+def init_model(model_cfg: T5Config, cfg: TrainConfig, resuming: bool) -> Params:
+  """A model's params before training: `cfg.init_from`'s for a fresh run, else random (a
+  resumed run restores into their structure)."""
+  if cfg.init_from and not resuming:
+    return init_params_from(cfg.init_from, model_cfg)
+  dummy = jnp.ones((1, 4), jnp.int32)  # [batch, length]
+  return flax.core.unfreeze(Transformer(model_cfg).init(
+      jax.random.PRNGKey(cfg.seed), dummy, dummy)['params'])
 
 
 def remove_partial_writes(workdir: str) -> None:
@@ -149,33 +157,37 @@ def init_params_from(path: str, model_cfg: T5Config) -> Params:
   return jax.tree_util.tree_map(jnp.asarray, loaded)
 
 
-def start(workdir: str, model_cfg: T5Config, cfg: TrainConfig, tx: Any, num_tasks: int,
-          allow_changed_config: bool = False) -> Start:
-  """The run's start: restored from the latest checkpoint, or fresh (maybe `init_from`).
+def read_config(workdir: str) -> Optional[dict[str, Any]]:
+  """The workdir's config.json, or None where there is none."""
+  path = os.path.join(workdir, 'config.json')
+  if not os.path.isfile(path):
+    return None
+  with open(path, encoding='utf-8') as f:
+    return json.load(f)
 
-  Refuses (before anything in `workdir` is touched) a resume whose model or whose
-  hyperparameters differ from the saved config.json, unless `allow_changed_config`; then
-  removes interrupted saves and writes, drops log records past the resumed step and records the
-  config. The caller closes `Start.manager`.
+
+def start(workdir: str, keep: Optional[int], config: dict[str, Any],
+          check: Callable[[Optional[dict], Optional[int]], None],
+          init: Callable[[bool], Params], tx: Any, num_tasks: int) -> Start:
+  """A run's start (a model's or a draft head's): restored from the latest checkpoint, or
+  fresh from `init(resuming=False)`.
+
+  `check(saved config.json or None, the step resumed or None)` refuses a workdir (raising)
+  before anything in it is touched; then interrupted saves and writes are removed, log
+  records past the resumed step dropped and `config` recorded as config.json. `init(True)`
+  gives the structure a checkpoint restores into. The caller closes `Start.manager`.
   """
   resuming = latest_step(workdir)
-  check_config(workdir, model_cfg, cfg, resuming, allow_changed_config)
+  check(read_config(workdir), resuming)
   os.makedirs(workdir, exist_ok=True)
-  manager = checkpoint_manager(workdir, cfg.keep)  # Removes interrupted saves.
+  manager = checkpoint_manager(workdir, keep)  # Removes interrupted saves.
   remove_partial_writes(workdir)
   truncate_log(workdir, resuming or 0)
-  write_config(workdir, model_cfg, cfg)
-  dummy = jnp.ones((1, 4), jnp.int32)  # [batch, length]
-  params = flax.core.unfreeze(Transformer(model_cfg).init(
-      jax.random.PRNGKey(cfg.seed), dummy, dummy)['params'])
+  run_dir.write_atomic(os.path.join(workdir, 'config.json'), json.dumps(config, indent=1))
+  params = init(bool(resuming))
   opt_state = tx.init(params)
-  begin = Start(manager, params, opt_state, np.zeros(num_tasks, np.int64), 0.0, None, 0)
-  step = manager.latest_step()
-  if step:
-    params, opt_state, meta = restore(manager, step, params, opt_state)
-    begin = Start(manager, params, opt_state, np.asarray(meta['cursors'], np.int64),
-                  float(meta['elapsed']), int(meta['total_steps']) or None, step)
-  elif cfg.init_from:
-    begin.params = init_params_from(cfg.init_from, model_cfg)
-    begin.opt_state = tx.init(begin.params)
-  return begin
+  if not resuming:
+    return Start(manager, params, opt_state, np.zeros(num_tasks, np.int64), 0.0, None, 0)
+  params, opt_state, meta = restore(manager, resuming, params, opt_state)
+  return Start(manager, params, opt_state, np.asarray(meta['cursors'], np.int64),
+               float(meta['elapsed']), int(meta['total_steps']) or None, resuming)
