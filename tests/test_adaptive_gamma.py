@@ -6,7 +6,7 @@ import pytest
 from conftest import random_inputs
 from specdec_t5x import generate
 from specdec_t5x.algorithm import sampling
-from specdec_t5x.algorithm.decoding import GammaPolicy
+from specdec_t5x.algorithm.config import GammaPolicy
 
 import test_distribution as td
 

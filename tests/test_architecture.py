@@ -2,7 +2,9 @@
 
 algorithm <- integration <- research <- scripts. The algorithm layer imports jax, flax and
 numpy only; scripts import the installed library, never each other, and leave sys.path
-alone; the public shims (specdec_t5x/{network,...}.py) only re-export.
+alone; the public shims (specdec_t5x/{network,...}.py) only re-export. Inside the library
+no module imports another that imports it back (the module graph is acyclic), and no module
+(nor script) reaches for another module's private names.
 """
 
 import ast
@@ -41,7 +43,8 @@ def _layer_of(module: str):
 
 
 def _modules(layer):
-  return sorted((PACKAGE / layer).glob('*.py'))
+  """A layer's modules, its subpackages' included."""
+  return sorted((PACKAGE / layer).rglob('*.py'))
 
 
 @pytest.mark.parametrize('layer', LAYERS)
@@ -67,8 +70,8 @@ def test_algorithm_imports_no_heavy_frameworks():
 def test_algorithm_layer_loads_without_tf_seqio_gin_torch():
   code = ('import sys, importlib, pkgutil\n'
           'import specdec_t5x.algorithm as a\n'
-          'for m in pkgutil.iter_modules(a.__path__):\n'
-          '  importlib.import_module("specdec_t5x.algorithm." + m.name)\n'
+          'for m in pkgutil.walk_packages(a.__path__, "specdec_t5x.algorithm."):\n'
+          '  importlib.import_module(m.name)\n'
           f'print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n')
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
                        cwd=ROOT, check=True).stdout.strip().splitlines()[-1]
@@ -126,3 +129,120 @@ def test_no_module_past_400_lines():
   long = {str(p.relative_to(ROOT)): n for p in files
           if (n := len(p.read_text(encoding='utf-8').splitlines())) > 400}
   assert not long, long
+
+
+def _module_name(path: pathlib.Path) -> str:
+  """specdec_t5x/algorithm/decode/core.py -> specdec_t5x.algorithm.decode.core (a
+  package's __init__.py: the package)."""
+  parts = path.relative_to(ROOT).with_suffix('').parts
+  return '.'.join(parts[:-1] if parts[-1] == '__init__' else parts)
+
+
+LIBRARY = {_module_name(p): p for p in sorted(PACKAGE.rglob('*.py'))}
+
+
+def _imported_modules(path: pathlib.Path):
+  """The library modules a file imports (any depth): for `from m import x`, m.x where it is
+  a module, else m."""
+  out = set()
+  for name in _imports(path):
+    while name and name not in LIBRARY:
+      name = name.rpartition('.')[0]
+    if name:
+      out.add(name)
+  return out
+
+
+def _cycle(graph):
+  """A cycle of the directed graph {node: successors} as a list of nodes, or None."""
+  state, stack = {}, []
+
+  def visit(node):
+    state[node] = 'open'
+    stack.append(node)
+    for succ in sorted(graph.get(node, ())):
+      if state.get(succ) == 'open':
+        return stack[stack.index(succ):] + [succ]
+      if succ not in state:
+        found = visit(succ)
+        if found:
+          return found
+    state[node] = 'done'
+    stack.pop()
+    return None
+
+  for node in sorted(graph):
+    if node not in state:
+      found = visit(node)
+      if found:
+        return found
+  return None
+
+
+def test_no_import_cycle():
+  """The library's modules import one another in one direction: a module never imports,
+  directly or through others (function-level imports included), one that imports it."""
+  graph = {name: _imported_modules(path) - {name} for name, path in LIBRARY.items()}
+  cycle = _cycle(graph)
+  assert cycle is None, 'import cycle: ' + ' -> '.join(cycle)
+
+
+def test_the_cycle_finder_finds_cycles():
+  assert _cycle({'a': {'b'}, 'b': {'c'}, 'c': set()}) is None
+  assert _cycle({'a': {'b'}, 'b': {'c'}, 'c': {'a'}}) == ['a', 'b', 'c', 'a']
+
+
+def _private(name: str) -> bool:
+  return name.startswith('_') and not (name.startswith('__') and name.endswith('__'))
+
+
+def _private_uses(path: pathlib.Path):
+  """`module.name` for each private name of another library module the file reads:
+  `from m import _x`, or `m._x` where m is bound by an import (`import a.b as m`,
+  `from a import m`) or spelled out (`a.b._x`)."""
+  tree = ast.parse(path.read_text(encoding='utf-8'))
+  bound, out = {}, set()  # local name -> library module
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      for alias in node.names:
+        if alias.asname and alias.name in LIBRARY:
+          bound[alias.asname] = alias.name
+    elif isinstance(node, ast.ImportFrom):
+      for alias in node.names:
+        full = f'{node.module}.{alias.name}'
+        if full in LIBRARY:
+          bound[alias.asname or alias.name] = full
+        elif node.module in LIBRARY and _private(alias.name):
+          out.add(full)
+  for node in ast.walk(tree):
+    if not (isinstance(node, ast.Attribute) and _private(node.attr)):
+      continue
+    parts, value = [], node.value
+    while isinstance(value, ast.Attribute):
+      parts.append(value.attr)
+      value = value.value
+    if not isinstance(value, ast.Name):
+      continue
+    dotted = '.'.join([bound.get(value.id, value.id)] + parts[::-1])
+    if dotted in LIBRARY:
+      out.add(f'{dotted}.{node.attr}')
+  return out
+
+
+def test_no_private_names_across_modules():
+  """A module's private names (a leading underscore) are its own: neither another library
+  module nor a script imports them or reads them as attributes (tests may)."""
+  files = sorted(PACKAGE.rglob('*.py')) + sorted((ROOT / 'scripts').glob('*.py'))
+  found = sorted(f'{p.relative_to(ROOT)} uses {use}' for p in files for use in _private_uses(p))
+  assert not found, '\n'.join(found)
+
+
+def test_the_private_name_check_sees_both_spellings(tmp_path):
+  path = tmp_path / 'user.py'
+  path.write_text('from specdec_t5x.algorithm import api as a\n'
+                  'from specdec_t5x.algorithm.rows import _HALF\n'
+                  'import specdec_t5x.algorithm.rows\n'
+                  'a._compiled(); a.generate(); specdec_t5x.algorithm.rows._x\n')
+  assert _private_uses(path) == {'specdec_t5x.algorithm.api._compiled',
+                                 'specdec_t5x.algorithm.rows._HALF',
+                                 'specdec_t5x.algorithm.rows._x'}

@@ -10,8 +10,9 @@ import pytest
 
 from conftest import make_model, random_inputs, tiny_config
 from specdec_t5x import generate
-from specdec_t5x.algorithm import api, decoding
+from specdec_t5x.algorithm import api
 from specdec_t5x.algorithm.cpu import packing
+from specdec_t5x.algorithm.decode import core
 from specdec_t5x.algorithm.config import DecodeConfig
 from test_feature_draft import make_head
 
@@ -40,7 +41,7 @@ def test_caches_too_small_are_reported_and_raised(models, draft, fresh_programs,
           jax.random.PRNGKey(0), 1)
   _, stats = jax.jit(program)(*args)
   assert not np.any(stats['skipped_cache_writes'])
-  monkeypatch.setattr(decoding, 'cache_length', lambda *a: 3)  # positions 0..2 of 6
+  monkeypatch.setattr(core, 'cache_length', lambda *a: 3)  # positions 0..2 of 6
   _, stats = jax.jit(api.decode_program(target[0], drafted and drafted[0], max_len=6,
                                         config=config))(*args)
   assert np.all(stats['skipped_cache_writes'])  # every row's writes of that call were dropped

@@ -57,7 +57,7 @@ _CHILD = textwrap.dedent('''
         # autoregressive cache's slots (max_len positions, one more, and position -1).
         rows = x.sharding.shard_shape(x.shape)[0]
         cache = rows * (8 // parts) * 16 * (32 + 2)
-        # the chain, a draft tree (chain + copy branch + a sibling: tree_decoding.py), the
+        # the chain, a draft tree (chain + copy branch + a sibling: static_tree.py), the
         # draft's dynamic tree (its tree calls: dynamic_tree.py), with a copy branch grafted
         # onto it (a mixed tree), and the feature head's
         # chain, tree and dynamic tree (the target's features gathered along the accepted

@@ -1,7 +1,7 @@
-"""The draft's own dynamic tree (DecodeConfig.draft_tree_width; algorithm/dynamic_tree.py):
-each step the draft grows gamma levels of W nodes, each level the W children of largest
-draft path probability, one draft tree call per level, and ONE target call verifies all
-1 + W * gamma nodes, exactly.
+"""The draft's own dynamic tree (DecodeConfig.draft_tree_width;
+algorithm/decode/dynamic_tree.py): each step the draft grows gamma levels of W nodes, each
+level the W children of largest draft path probability, one draft tree call per level, and
+ONE target call verifies all 1 + W * gamma nodes, exactly.
 
 * Greedy: token for token the target's greedy decoding (batch 1 and 3, EOS mid-batch, a
   decoder prompt, W 1..3, gamma 1..3), the counters consistent; with a draft whose first
@@ -28,7 +28,9 @@ import test_distribution as td
 from test_tree_decoding import (ENC, VOCAB, _guess_accepted_with_p, _noisy, greedy_runs,
                                 models)  # pylint: disable=unused-import
 from specdec_t5x import generate
-from specdec_t5x.algorithm import api, dynamic_tree, sampling, tree_accept
+from specdec_t5x.algorithm import api, sampling
+from specdec_t5x.algorithm.trees import accept as tree_accept
+from specdec_t5x.algorithm.trees import build
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.algorithm.drafts import CopyDraft, UnigramDraft
 
@@ -139,7 +141,7 @@ def test_rerank_keeps_the_best_nodes_as_a_tree():
   parents = jnp.asarray([[-1, 0, 0, 2, 1], [-1, 0, 0, 1, 1]])
   tokens = jnp.asarray([[9, 5, 6, 7, 8], [9, 5, 6, 7, 8]])
   scores = jnp.asarray([[-1.0, -0.5, -0.6, -2.0], [-0.1, -3.0, -0.1, -0.2]])
-  got_tokens, got_parents, kept = dynamic_tree.rerank(scores, tokens, parents, 3)
+  got_tokens, got_parents, kept = build.rerank(scores, tokens, parents, 3)
   np.testing.assert_array_equal(kept, [[0, 1, 2, 3], [0, 1, 3, 4]])
   np.testing.assert_array_equal(got_tokens, [[9, 5, 6, 7], [9, 5, 7, 8]])
   np.testing.assert_array_equal(got_parents, [[-1, 0, 0, 2], [-1, 0, 1, 1]])

@@ -1,7 +1,7 @@
 """A feature head's own dynamic tree (DecodeConfig.draft_tree_width with a feature_draft.py
-head; algorithm/dynamic_tree.py): EAGLE-2's expansion for an encoder-decoder target. The
-head's first call re-reads the accepted path with the target's features; each level is one
-head TREE call in which every node reads its parent's predicted feature (the root: the
+head; algorithm/decode/dynamic_tree.py): EAGLE-2's expansion for an encoder-decoder target.
+The head's first call re-reads the accepted path with the target's features; each level is
+one head TREE call in which every node reads its parent's predicted feature (the root: the
 target's feature before it); ONE target call verifies the tree, and the next step's head
 reads the target's features along the accepted path.
 

@@ -19,7 +19,8 @@ from conftest import jit_apply, make_model, random_inputs, tiny_config
 import test_distribution as td
 from specdec_t5x import generate
 from test_decoding import _eos_mid_batch
-from specdec_t5x.algorithm import api, decoding, drafting, feature_draft, sampling
+from specdec_t5x.algorithm import api, draft_vocab, feature_draft, sampling
+from specdec_t5x.algorithm.decode import chain, drafting
 from specdec_t5x.research.measure import forcing
 
 
@@ -220,11 +221,11 @@ def test_a_reduced_draft_vocabulary_gives_logits_over_its_ids_only(models):
 
 
 def test_draft_distributions_over_a_reduced_vocabulary_widen_with_zeros_elsewhere():
-  vocab = drafting.draft_vocabulary((1, 2, 5), 7)
+  vocab = draft_vocab.draft_vocabulary((1, 2, 5), 7)
   q = jnp.asarray([[[0.5, 0.25, 0.25]], [[0.0, 1.0, 0.0]]])  # [b=2, gamma=1, Vd=3]
-  np.testing.assert_array_equal(drafting.full_distributions(q, vocab), [
+  np.testing.assert_array_equal(draft_vocab.full_distributions(q, vocab), [
       [[0, 0.5, 0.25, 0, 0, 0.25, 0]], [[0, 0, 1.0, 0, 0, 0, 0]]])
-  assert drafting.full_distributions(q, None) is q
+  assert draft_vocab.full_distributions(q, None) is q
   logits = jnp.asarray([[0.1, 3.0, -1.0], [2.0, 2.0, 0.0]])
   token, q_greedy, bad = drafting.propose(logits, None, 0, sampling.SamplingConfig(), vocab)
   np.testing.assert_array_equal(token, [2, 1])  # ties: the first column, the smaller id
@@ -271,8 +272,8 @@ def test_a_reduced_vocabulary_widened_onto_the_wrong_ids_is_detected(dist_models
   head = make_head(target[1], td.VOCAB, seed=12, draft_vocab=(0, 1, 3))
   cfg = sampling.SamplingConfig(1.0)
   exact = td.exact_probabilities(target, td.ENC, cfg)
-  right = decoding.full_distributions
-  monkeypatch.setattr(decoding, 'full_distributions',
+  right = chain.full_distributions
+  monkeypatch.setattr(chain, 'full_distributions',
                       lambda q, vocab: jnp.roll(right(q, vocab), 1, axis=-1))
   monkeypatch.setattr(api, '_COMPILED', collections.OrderedDict())
   assert td.chi2_pvalue(exact, td.sample_counts(target, head, td.ENC, cfg, seed=23)) < 1e-6

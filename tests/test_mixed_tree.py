@@ -1,6 +1,6 @@
 """Mixed draft trees: the draft's (or a feature head's) dynamic tree with a copy branch
-grafted onto it (DecodeConfig.draft_tree_width with copy_branch; dynamic_tree.py and
-tree_decoding.graft_copy), verified in one target call, exactly.
+grafted onto it (DecodeConfig.draft_tree_width with copy_branch; decode/dynamic_tree.py
+and trees/build.graft_copy), verified in one target call, exactly.
 
 * The graft: a guess the tree already holds is merged into the tree's node (void), the
   next guess hangs below that node; the first guess the tree lacks starts a chain of new
@@ -28,9 +28,10 @@ import test_tree_decoding as ttd
 from test_feature_draft import make_head
 from test_tree_decoding import ENC, models  # pylint: disable=unused-import
 from specdec_t5x import generate
-from specdec_t5x.algorithm import api, sampling, tree_accept
+from specdec_t5x.algorithm import api, sampling
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.algorithm.tree_decoding import graft_copy
+from specdec_t5x.algorithm.trees import accept as tree_accept
+from specdec_t5x.algorithm.trees.build import graft_copy
 
 
 def test_graft_merges_guesses_the_tree_holds():

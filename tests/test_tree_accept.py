@@ -1,4 +1,4 @@
-"""Tree verification (algorithm/tree_accept.py) reproduces the target's exact law.
+"""Tree verification (algorithm/trees/accept.py) reproduces the target's exact law.
 
 A tiny 'target' and 'draft' are tables: p(next | path) and q(next | path) for every path of
 up to KMAX tokens over V = 4 tokens. Each of ROWS rows gets its own tree (one of TEMPLATES,
@@ -19,8 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_t5x.algorithm import sampling, tree_accept
-from specdec_t5x.algorithm import tree as tree_lib
+from specdec_t5x.algorithm import sampling
+from specdec_t5x.algorithm.trees import accept as tree_accept
+from specdec_t5x.algorithm.trees import structure as tree_lib
 from test_distribution import chi2_pvalue, counts_of
 
 V, L, N, KMAX, ROWS, MIN_BRANCH = 4, 4, 16, 4, 200000, 100

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from specdec_t5x.algorithm import tree_accept
+from specdec_t5x.algorithm.trees import accept as tree_accept
 from test_distribution import chi2_pvalue, counts_of
 from test_tree_accept import (KMAX, MIN_BRANCH, N, ROWS, child_code, draw, emitted, exact_law,
                               tables)

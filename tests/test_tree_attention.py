@@ -1,6 +1,7 @@
-"""Tree attention in the cached decoder (algorithm/tree.py): each node of one tree call is
-bitwise a chain call over its root-to-node path, and after `compact` the cache is bitwise
-what a chain call over the accepted path writes, with nothing of the rejected branches left."""
+"""Tree attention in the cached decoder (algorithm/trees/structure.py): each node of one tree
+call is bitwise a chain call over its root-to-node path, and after `compact` the cache is
+bitwise what a chain call over the accepted path writes, with nothing of the rejected
+branches left."""
 
 import functools
 
@@ -10,8 +11,8 @@ import numpy as np
 import pytest
 
 from conftest import make_model, random_inputs, tiny_config
-from specdec_t5x.algorithm import tree
 from specdec_t5x.algorithm.cpu import modes, packing
+from specdec_t5x.algorithm.trees import structure as tree
 from specdec_t5x.algorithm.network import Transformer
 
 # Two rows, two different trees of 8 nodes. Row 0: the root has children 1 and 2, node 3

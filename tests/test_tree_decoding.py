@@ -1,6 +1,6 @@
 """Tree verification driven by generate (copy_branch or draft_siblings set;
-algorithm/tree_decoding.py): each step verifies the draft's chain, a copy branch (prompt
-lookup) and the draft's runner-up tokens beside each chain token (siblings), the last two
+algorithm/decode/static_tree.py): each step verifies the draft's chain, a copy branch
+(prompt lookup) and the draft's runner-up tokens beside each chain token (siblings), the last two
 fixed guesses, in one target call, and stays exact.
 
 * Greedy: token for token the target's greedy decoding (batch 1 and 3, rows of different
@@ -30,8 +30,10 @@ from conftest import random_inputs
 import test_distribution as td
 from test_decoding import _eos_mid_batch
 from specdec_t5x import generate
-from specdec_t5x.algorithm import api, sampling, tree_accept, tree_decoding
-from specdec_t5x.algorithm import tree as tree_lib
+from specdec_t5x.algorithm import api, sampling
+from specdec_t5x.algorithm.trees import accept as tree_accept
+from specdec_t5x.algorithm.trees import build
+from specdec_t5x.algorithm.trees import structure as tree_lib
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.algorithm.drafts import CopyDraft, UnigramDraft
 
@@ -313,10 +315,42 @@ def test_draft_siblings_as_configuration():
 
 def test_runner_up_is_the_drafts_next_choices_without_its_own():
   logits = jnp.array([[0.1, 3.0, 2.0, 2.0, -1.0], [5.0, 1.0, 4.0, 0.0, 3.0]])
-  np.testing.assert_array_equal(tree_decoding.runner_up(logits, jnp.array([1, 2]), 2),
+  np.testing.assert_array_equal(build.runner_up(logits, jnp.array([1, 2]), 2),
                                 [[2, 3], [0, 4]])  # ties: the lower id first
-  np.testing.assert_array_equal(tree_decoding.runner_up(logits, jnp.array([4, 4]), 3),
+  np.testing.assert_array_equal(build.runner_up(logits, jnp.array([4, 4]), 3),
                                 [[1, 2, 3], [0, 2, 1]])  # a sampled token outside the top
+
+
+def test_the_copy_branch_is_grafted_onto_the_chain():
+  """Guesses equal to the chain are its nodes (void), the next hangs below the chain node
+  holding them; an undrafted chain node holds nothing; a guess past the known tokens or
+  the row's room is void."""
+  root, chain = jnp.array([[9]] * 3), jnp.array([[5, 7, 3]] * 3)
+  tree = build.chain(root, chain, jnp.array([3, 2, 3]))
+  copy = jnp.array([[5, 7, 4, 2],  # 5, 7 the chain's: 4 below chain node 2, 2 below 4
+                    [5, 7, 3, 1],  # chain node 3 undrafted: 3 a new node; 1 past the room
+                    [6, 7, 1, 1]])  # 6 is not the chain's: new nodes, then unknown
+  known = jnp.array([[True] * 4, [True] * 4, [True, True, False, False]])
+  t, p, v = map(np.asarray, build.graft_copy(*tree, copy, known, jnp.array([4, 3, 4])))
+  np.testing.assert_array_equal(t, np.concatenate([[[9, 5, 7, 3]] * 3, copy], axis=1))
+  np.testing.assert_array_equal(p, [[-1, 0, 1, 2, 0, 1, 2, 6], [-1, 0, 1, 2, 0, 1, 2, 6],
+                                    [-1, 0, 1, 2, 0, 4, 5, 6]])
+  np.testing.assert_array_equal(v, [[True] * 4 + [False, False, True, True],
+                                    [True] * 3 + [False] * 3 + [True, False],
+                                    [True] * 6 + [False] * 2])
+
+
+def test_siblings_a_copy_guess_holds_are_void():
+  """A sibling under the same chain node as a valid copy guess of its token is void (the
+  copy branch's own rule: `held`), and so is one below an undrafted chain node."""
+  tree = build.chain(jnp.array([[9]] * 2), jnp.array([[5, 7]] * 2), jnp.array([2, 1]))
+  tree = build.graft_copy(*tree, jnp.array([[6, 8]] * 2), jnp.ones((2, 2), bool),
+                          jnp.array([2, 2]))  # new nodes 3 (below the root) and 4
+  t, p, v = map(np.asarray, build.with_siblings(*tree, jnp.array([[6, 4, 2]] * 2), [1, 1, 2],
+                                                jnp.array([2, 1])))
+  np.testing.assert_array_equal(t[:, 5:], [[6, 4, 2]] * 2)
+  np.testing.assert_array_equal(p[:, 5:], [[0, 0, 1]] * 2)
+  np.testing.assert_array_equal(v[:, 5:], [[False, True, True], [False, True, False]])
 
 
 def test_copy_branch_needs_a_draft(target_and_draft):
@@ -338,12 +372,12 @@ def test_copy_continuation_reads_what_followed_the_most_recent_match():
   seq[0, 2:7] = [4, 5, 9, 4, 5]  # y: the suffix (4, 5) occurs at y[0:2]
   seq[1, 2:4] = [6, 7]  # y: the suffix (6, 7) occurs at the encoder input's end only
   enc = np.array([[4, 5, 8, 8, 0], [2, 5, 3, 6, 7]], np.int32)
-  tokens, known = tree_decoding.copy_continuation(jnp.asarray(enc), jnp.asarray(seq),
-                                                  jnp.array([5, 2]), 4)
+  tokens, known = build.copy_continuation(jnp.asarray(enc), jnp.asarray(seq),
+                                          jnp.array([5, 2]), 4)
   np.testing.assert_array_equal(known, [[True, True, True, False], [False] * 4])
   np.testing.assert_array_equal(tokens[0, :3], [9, 4, 5])
   seq[1, 2:4] = [3, 6]  # now (3, 6) is found inside the encoder input: 7, then its end
-  tokens, known = tree_decoding.copy_continuation(jnp.asarray(enc), jnp.asarray(seq),
-                                                  jnp.array([5, 2]), 2)
+  tokens, known = build.copy_continuation(jnp.asarray(enc), jnp.asarray(seq),
+                                          jnp.array([5, 2]), 2)
   np.testing.assert_array_equal(known[1], [True, False])
   assert int(tokens[1, 0]) == 7

@@ -28,8 +28,9 @@ import test_distribution as td
 import test_tree_decoding as ttd
 from test_feature_draft import make_head
 from specdec_t5x import generate
-from specdec_t5x.algorithm import api, sampling, tree_accept
+from specdec_t5x.algorithm import api, sampling
 from specdec_t5x.algorithm.cpu import packing
+from specdec_t5x.algorithm.trees import accept as tree_accept
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.research.measure import forcing
 

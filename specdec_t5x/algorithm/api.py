@@ -15,8 +15,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from specdec_t5x.algorithm import (checks, decoding, dynamic_tree, feature_draft, network,
-                                   tree_decoding)
+from specdec_t5x.algorithm import checks, feature_draft, network
+from specdec_t5x.algorithm.decode import chain, core, dynamic_tree, static_tree
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.algorithm.cpu import modes, packing
 from specdec_t5x.algorithm.programs import BoundProgram, memoized_program, program_key
@@ -44,7 +44,7 @@ def check_vocab_sizes(target_module, draft_module) -> None:
                      f'draft vocab_size={dv}. Speculative decoding needs one tokenizer.')
 
 
-def _extend_fn(module, variables, *extra) -> decoding.ExtendFn:
+def _extend_fn(module, variables, *extra) -> core.ExtendFn:
   """`module.extend` bound to `variables`; `extra` arguments follow the ExtendFn's own
   (return_features=True and the feature layers, for a target read by a feature draft), and
   a draft tree comes by keyword (`tree=parents`)."""
@@ -67,7 +67,7 @@ def check_feature_draft(target_module, draft_module) -> None:
 
 
 def decode_program(target_module, draft_module, *, max_len: int, config: DecodeConfig,
-                   wrap: Optional[Callable[[str, decoding.ExtendFn], decoding.ExtendFn]] = None):
+                   wrap: Optional[Callable[[str, core.ExtendFn], core.ExtendFn]] = None):
   """The whole generation, not yet jitted: fn(target_vars, draft_vars, encoder_tokens, rng,
   eos_id, prompt=None, sampling=None) -> (tokens, stats). `sampling`: the run-time values
   of the sampling settings (SamplingConfig.values(), float32 [3]) for the switches that
@@ -88,15 +88,15 @@ def decode_program(target_module, draft_module, *, max_len: int, config: DecodeC
     # window does not, and the stats say so; drafting.feature_drafter keeps a finished
     # row's re-feed inside).
     drafted = config.tree_call_nodes if draft_module is not None else 0
-    cache_len = decoding.cache_length(max_len, drafted)  # a tree's nodes beyond the root
+    cache_len = core.cache_length(max_len, drafted)  # a tree's nodes beyond the root
     encoded = target_module.apply(target_vars, encoder_tokens, method='encode')
     target_cache = target_module.apply(target_vars, encoded, encoder_tokens, cache_len,
                                        method='init_cache')
     if draft_module is None:
       target_fn = wrap('target', _extend_fn(target_module, target_vars))
-      return decoding.autoregressive_decode(target_fn, target_cache, rng, batch=batch,
-                                            max_len=max_len, config=config, eos_id=eos_id,
-                                            prompt=prompt, settings=settings)
+      return chain.autoregressive_decode(target_fn, target_cache, rng, batch=batch,
+                                         max_len=max_len, config=config, eos_id=eos_id,
+                                         prompt=prompt, settings=settings)
     features = reads_features(draft_module)
     extra = (True, draft_module.config.feature_layers) if features else ()
     target_fn = wrap('target', _extend_fn(target_module, target_vars, *extra))
@@ -114,11 +114,11 @@ def decode_program(target_module, draft_module, *, max_len: int, config: DecodeC
           draft_cache, rng, encoder_tokens, batch=batch, max_len=max_len, config=config,
           eos_id=eos_id, prompt=prompt, settings=settings, **head)
     if config.tree:
-      return tree_decoding.tree_speculative_decode(
+      return static_tree.tree_speculative_decode(
           target_fn, wrap('draft', _extend_fn(draft_module, draft_vars)), target_cache,
           draft_cache, rng, encoder_tokens, batch=batch, max_len=max_len, config=config,
           eos_id=eos_id, prompt=prompt, settings=settings, **head)
-    return decoding.speculative_decode(
+    return chain.speculative_decode(
         target_fn, wrap('draft', _extend_fn(draft_module, draft_vars)), target_cache,
         draft_cache, rng, batch=batch, max_len=max_len, config=config, eos_id=eos_id,
         prompt=prompt, settings=settings, **head)
@@ -216,9 +216,9 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
     check_vocab_sizes(target_module, draft_module)
     check_feature_draft(target_module, draft_module)
   vocab = feature_draft.vocabulary(draft_module.config) if reads_features(draft_module) else None
-  why = tree_decoding.check(config, reads_features(draft_module), draft is not None,
-                           isinstance(draft_module, network.Transformer),
-                           None if vocab is None else len(vocab.ids))
+  why = checks.draft_tree(config, reads_features(draft_module), draft is not None,
+                          isinstance(draft_module, network.Transformer),
+                          None if vocab is None else len(vocab.ids))
   if why:
     raise ValueError(why)
   rng = jax.random.PRNGKey(0) if rng is None else rng

@@ -1,6 +1,6 @@
 """What `generate` checks before and after a decode: its inputs (token ids in range, the
-decoder prompt's shape) and its outputs' flags (dropped cache writes, non-finite logits),
-raised on the host with what to look at."""
+decoder prompt's shape, a draft tree's settings against the draft) and its outputs' flags
+(dropped cache writes, non-finite logits), raised on the host with what to look at."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.algorithm.stats import DecodeStats
 
 
@@ -72,7 +73,7 @@ def _raise_if_skipped(flags) -> None:
   if bool(np.any(np.asarray(flags))):
     raise RuntimeError('A decode call\'s cache writes did not fit the decode cache and were '
                        'dropped, so its tokens are not the models\' (the caches hold '
-                       'decoding.cache_length positions). This is a bug of specdec_t5x; '
+                       'decode.core.cache_length positions). This is a bug of specdec_t5x; '
                        'please report it with the settings and models used.')
 
 
@@ -90,3 +91,29 @@ def finite(stats: DecodeStats) -> None:
       raise FloatingPointError(
           f'The {who} model produced NaN or infinite logits for batch rows '
           f'{rows.tolist()[:10]}; no tokens are returned for them. Check {hint}.')
+
+
+def draft_tree(config: DecodeConfig, draft_reads_features: bool, speculative: bool,
+               draft_is_model: bool = True, draft_columns: Optional[int] = None) -> Optional[str]:
+  """Why a draft tree cannot be verified with these settings (None: it can).
+  `draft_is_model`: the draft is a T5 model (network.Transformer); its calls take a tree,
+  as a feature head's do (what draft_tree_width's draft tree calls need). `draft_columns`:
+  the ids a head with a reduced draft vocabulary drafts over (its siblings and a dynamic
+  tree's levels come from them)."""
+  if not config.tree:
+    return None
+  what = ' and '.join(name for name in ('copy_branch', 'draft_siblings', 'draft_tree_width')
+                      if getattr(config, name))
+  if not speculative:
+    return f'{what} needs a draft (it proposes the tree\'s first branch).'
+  if config.draft_tree_width and not (draft_reads_features or draft_is_model):
+    return (f'{what} grows the tree with draft tree calls: the draft must be a T5 model '
+            '(network.Transformer) or a feature head, not an n-gram or a copy draft.')
+  if draft_columns is not None and config.draft_tree_width > draft_columns:
+    return (f'draft_tree_width must be <= the {draft_columns} ids of the head\'s reduced '
+            f'draft vocabulary (a level\'s first node has no more children), got '
+            f'{config.draft_tree_width}.')
+  if draft_columns is not None and max(config.draft_siblings, default=0) >= draft_columns:
+    return (f'draft_siblings must be < the {draft_columns} ids of the head\'s reduced draft '
+            f'vocabulary at every depth, got {config.draft_siblings}.')
+  return None

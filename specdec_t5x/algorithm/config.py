@@ -99,16 +99,16 @@ class DecodeConfig:
     copy_branch: tokens of a copy-from-input branch (prompt lookup: what followed the most
       recent earlier occurrence of the last 1-3 tokens, in the encoder input or the
       decoded prefix) verified beside the draft's chain in the same target call, as a
-      draft tree (tree_decoding.py; exact), or grafted onto the draft's dynamic tree
+      draft tree (decode/static_tree.py; exact), or grafted onto the draft's dynamic tree
       (draft_tree_width); 0 = the chain alone. With the token verifier, the fixed gamma
       policy and lenience 1 only.
     draft_siblings: the draft's next most likely tokens after its own pick, verified as
       leaf guesses beside the chain's token at the same depth (a static draft tree in one
-      target call, tree_decoding.py; exact): k (k at every depth 1..gamma) or a tuple of
-      per-depth counts (k_1, k_2, ...), at most gamma of them; 0 or () = none. The same
-      settings as copy_branch only.
+      target call, decode/static_tree.py; exact): k (k at every depth 1..gamma) or a
+      tuple of per-depth counts (k_1, k_2, ...), at most gamma of them; 0 or () = none.
+      The same settings as copy_branch only.
     draft_tree_width: W >= 1: the draft grows a tree of gamma levels instead of a chain,
-      EAGLE-2's expansion (dynamic_tree.py; exact): at each depth the W nodes of largest
+      EAGLE-2's expansion (decode/dynamic_tree.py; exact): at each depth the W nodes of largest
       draft path probability among the children (the draft's W most likely tokens) of
       the level above, found by one draft tree call per level; 1 + W * gamma nodes
       verified in one target call. 0 = none. With copy_branch the copy branch is grafted
@@ -122,9 +122,10 @@ class DecodeConfig:
     draft_tree_sampled: at temperature > 0, each level of the draft's tree is W tokens
       DRAWN without replacement from the draft's distribution (the run's temperature,
       top-k, top-p) after the level above's node of largest draft path probability, and
-      verified by recursive rejection without replacement (dynamic_tree.py; exact), instead
-      of fixed top-W guesses. Every grown node is verified (draft_tree_nodes 0: keeping the
-      likelier draws would bias them). Temperature 0 grows the top-W tree whatever it says.
+      verified by recursive rejection without replacement (decode/dynamic_tree.py; exact),
+      instead of fixed top-W guesses. Every grown node is verified (draft_tree_nodes 0:
+      keeping the likelier draws would bias them). Temperature 0 grows the top-W tree
+      whatever it says.
     cpu_kernels: on the CPU backend, which kernels the decode path runs
       (cpu.modes.MODES): 'packed' (the packed matmul and row kernels, bfloat16 panels
       where bfloat16 holds the weights exactly), 'packed_f32' (float32 panels only),

@@ -1,7 +1,7 @@
 """Negligible-cost drafts with the same interface as network.Transformer.
 
 Each draft is a Flax module with `encode`, `init_cache` and `extend`, so `generate` and
-the loops in decoding.py treat it like a draft model. Their q distributions are real
+the loops in decode/ treat it like a draft model. Their q distributions are real
 distributions (standardised like the target's), so speculative sampling stays exact.
 
 * `UnigramDraft`: q(x) from a fixed logit vector `logits [V]`.

@@ -18,7 +18,7 @@ head feeds its predicted feature back (EAGLE-1's feature feedback); training run
 such self-fed passes with the attention pattern of decoding (`__call__`'s `passes`,
 EAGLE-3's training-time test).
 
-Decoding (decoding.py) calls `extend(cache, tokens, positions, features, pick)`: the first
+The loops (decode/) call `extend(cache, tokens, positions, features, pick)`: the first
 call of each step re-feeds a row's whole last verify window with the target's real
 features (the accepted ones are the row's new context; the others are rewritten before
 they are read) and returns only position `pick` (the row's next token); later calls feed
@@ -34,11 +34,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from specdec_t5x.algorithm import drafting, rows
+from specdec_t5x.algorithm import draft_vocab, rows
 from specdec_t5x.algorithm.layers import (Attention, Dense, Embed, MlpBlock,
                                           RelativePositionBias, RMSNorm, decode_biases,
-                                          empty_decode_cache, kernel_init, mask_to_bias,
-                                          note_writes)
+                                          empty_decode_cache, kernel_init, mask_to_bias)
 
 
 
@@ -130,7 +129,7 @@ class FeatureDraft(nn.Module):
   """The head. `__call__` is the teacher-forced training pass; `init_cache` / `extend` decode.
   F = config.feature_dim, the width of the target features it reads."""
   config: FeatureDraftConfig
-  reads_target_features: ClassVar[bool] = True  # decoding.py feeds it the target's features
+  reads_target_features: ClassVar[bool] = True  # the loops feed it the target's features
 
   def setup(self):
     cfg = self.config
@@ -208,9 +207,9 @@ class FeatureDraft(nn.Module):
     ([b, 1, V'], [b, 1, F]). V' = config.output_vocab_size: with a reduced draft
     vocabulary the logits are over its ids (`vocabulary()` maps them; the loop drafts
     over them and gives every other id probability 0). With `tree` (parents [b, k],
-    tree.py) the tokens are a draft tree's nodes, each at its depth's position seeing the
-    prefix and its ancestors, and each node's features are its parent's (the head's
-    dynamic tree: dynamic_tree.py)."""
+    trees/structure.py) the tokens are a draft tree's nodes, each at its depth's position
+    seeing the prefix and its ancestors, and each node's features are its parent's (the
+    head's dynamic tree: decode/dynamic_tree.py)."""
     self_bias, cross_bias = decode_biases(self.relpos_bias, cache, positions, tokens.shape[1],
                                           self.config.dtype, tree)
     x = self._inputs(tokens, features)
@@ -229,7 +228,7 @@ class FeatureDraft(nn.Module):
     if pick is not None:
       x = rows.window(x, pick, 1)
     logits, predicted = self._outputs(x)
-    return logits, note_writes(cache, new_layers, fits), predicted
+    return logits, rows.note_writes(cache, new_layers, fits), predicted
 
 
 def check_fits(config: FeatureDraftConfig, target_config: Any) -> None:
@@ -246,11 +245,11 @@ def check_fits(config: FeatureDraftConfig, target_config: Any) -> None:
                      f'{target_config.num_decoder_layers} decoder layers.')
 
 
-def vocabulary(config: FeatureDraftConfig) -> Optional[drafting.DraftVocabulary]:
+def vocabulary(config: FeatureDraftConfig) -> Optional[draft_vocab.DraftVocabulary]:
   """The ids of the head's logits columns for the decoding loop (None: the whole vocabulary)."""
   if not config.draft_vocab:
     return None
-  return drafting.draft_vocabulary(config.draft_vocab, config.vocab_size)
+  return draft_vocab.draft_vocabulary(config.draft_vocab, config.vocab_size)
 
 
 def init_variables(config: FeatureDraftConfig, rng: jax.Array) -> Any:

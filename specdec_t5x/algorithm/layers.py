@@ -23,8 +23,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import rows, tree as tree_lib
+from specdec_t5x.algorithm import rows
 from specdec_t5x.algorithm.cpu import attention as cpu_attention, matmul, modes
+from specdec_t5x.algorithm.rows import SKIPPED
+from specdec_t5x.algorithm.trees import structure as tree_lib
 
 NUM_BUCKETS = 32  # T5's relative-position buckets ...
 MAX_DISTANCE = 128  # ... log-spaced up to this distance.
@@ -301,19 +303,6 @@ def empty_decode_cache(layers, encoded, encoder_tokens, max_length: int, num_hea
                          'cross_k': ck, 'cross_v': cv})
   return {'layers': cache_layers, 'encoder_mask': encoder_tokens > 0,
           SKIPPED: jnp.zeros((), bool)}
-
-
-SKIPPED = 'skipped_writes'  # a decode cache's scalar bool: some call's writes did not fit
-
-
-def note_writes(cache, new_layers, fits):
-  """`cache` with its layers replaced by `new_layers` and SKIPPED set when any of `fits`
-  (the calls' rows.update_all flags) is False: the writes were dropped, and the decode that
-  carried this cache is wrong (decoding reports it, generate raises)."""
-  skipped = cache[SKIPPED]
-  for ok in fits:
-    skipped = skipped | ~ok
-  return dict(cache, layers=new_layers, **{SKIPPED: skipped})
 
 
 def decode_biases(relpos_bias, cache, positions, k: int, dtype, tree=None):

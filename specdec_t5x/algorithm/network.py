@@ -39,7 +39,7 @@ from specdec_t5x.algorithm import rows
 from specdec_t5x.algorithm.layers import (Attention, Dense, Embed, MlpBlock,
                                           RelativePositionBias, RMSNorm, kernel_init,
                                           decode_biases, empty_decode_cache, fused_features,
-                                          mask_to_bias, note_writes, pairwise)
+                                          mask_to_bias, pairwise)
 # Re-exported: callers read the bucketing and its constants as network's.
 from specdec_t5x.algorithm.layers import (MAX_DISTANCE, NEG_INF, NUM_BUCKETS,  # noqa: F401
                                           relative_position_bucket)
@@ -335,7 +335,7 @@ class Decoder(nn.Module):
       fits.append(ok)
       taps += [x] if i in feature_layers else []
     out = self._logits(x, True, return_features, taps)
-    cache = note_writes(cache, new_layers, fits)
+    cache = rows.note_writes(cache, new_layers, fits)
     return (out[0], cache, out[1]) if return_features else (out, cache)
 
 

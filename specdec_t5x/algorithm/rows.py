@@ -9,6 +9,10 @@ On the CPU backend a decode cache keeps 16-bit float values as their bits (`stor
 `store`, `load`): XLA:CPU computes 16-bit float ops in float32, so a write into a bfloat16
 buffer converts the whole buffer to float32 and back on every call, while a write of the
 same bits into a uint16 buffer is in place.
+
+A decode cache (a dict) records a call whose writes did not fit under SKIPPED
+(`note_writes`, read back by `writes_skipped`): the network's calls and a tree's
+compaction write through `update_all`, and the loops report the flag.
 """
 
 from __future__ import annotations
@@ -71,9 +75,9 @@ def update_all(xs, news, start: jax.Array, axes):
   written in place: -> (the updated buffers (a tuple), fits: scalar bool).
 
   The writes sit inside a `lax.cond`, taken when every row's window fits (`fits`). The
-  decode loops size their caches so that it always does (decoding.cache_length); if it
+  decode loops size their caches so that it always does (decode/core.py's cache_length); if it
   ever does not, the buffers come back unchanged and `fits` is False, which the caches
-  record (layers.note_writes) and `generate` raises on: never a silent skip. The branch
+  record (`note_writes`) and `generate` raises on: never a silent skip. The branch
   keeps XLA from fusing a copy of each write into every consumer of the result (the
   attention that reads the cache, and the loop state that carries it): fused twice, a
   write cannot be in place, and the whole buffer is copied on every call (seen with
@@ -88,3 +92,24 @@ def update_all(xs, news, start: jax.Array, axes):
     return tuple(update(x, new, start, axis) for x, new, axis in zip(buffers, news, axes))
 
   return jax.lax.cond(fits, write, lambda buffers: buffers, xs), fits
+
+
+SKIPPED = 'skipped_writes'  # a decode cache's scalar bool: some call's writes did not fit
+
+
+def note_writes(cache: dict, new_layers, fits) -> dict:
+  """`cache` with its layers replaced by `new_layers` and SKIPPED set when any of `fits`
+  (the calls' update_all flags) is False: the writes were dropped, and the decode that
+  carried this cache is wrong (the loops report it, generate raises)."""
+  skipped = cache[SKIPPED]
+  for ok in fits:
+    skipped = skipped | ~ok
+  return dict(cache, layers=new_layers, **{SKIPPED: skipped})
+
+
+def writes_skipped(cache) -> jax.Array:
+  """Scalar bool: `cache` records a call whose writes did not fit (`note_writes`); caches
+  that record nothing (test stubs, other models) never do."""
+  if isinstance(cache, dict) and SKIPPED in cache:
+    return cache[SKIPPED]
+  return jnp.zeros((), bool)

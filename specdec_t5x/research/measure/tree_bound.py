@@ -14,8 +14,8 @@ the Sequoia paper chooses trees from the same statistic); at n nodes (n + 1 veri
 positions):
 
 * the chain of gamma = n: the paths (0), (0, 0), ...;
-* the chain with leaf siblings (what tree_decoding verifies: the draft's runner-ups beside
-  each chain token), the best split of the n nodes (`best_chain_with_siblings`);
+* the chain with leaf siblings (what decode/static_tree.py verifies: the draft's runner-ups
+  beside each chain token), the best split of the n nodes (`best_chain_with_siblings`);
 * the n paths of largest share (`best_tree`): the best static tree for steps starting at
   every position;
 * `best_decoded_tree`: the best in decode order among the trees made of the most frequent
@@ -38,11 +38,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import tree_decoding
+from specdec_t5x.algorithm.trees import build
 from specdec_t5x.research.measure import evaluation
 
 Path = Tuple[int, ...]
-_COPY = jax.jit(tree_decoding.copy_continuation, static_argnums=3)
+_COPY = jax.jit(build.copy_continuation, static_argnums=3)
 
 
 TOP = 9  # the draft's largest probabilities kept per position (dynamic_value's siblings)
@@ -126,7 +126,7 @@ def best_tree(shares: Dict[Path, float], n: int) -> List[Path]:
 def best_chain_with_siblings(shares: Dict[Path, float], n: int) -> List[Path]:
   """The best tree of n nodes made of a chain of some gamma and, beside its token at depth
   t, the draft's next k_t choices as leaves (ranks 1..k_t after t - 1 chain tokens), as
-  tree_decoding verifies them (draft_siblings); the counts split exactly (a small DP)."""
+  decode/static_tree.py verifies them (draft_siblings); the counts split exactly (a small DP)."""
   best: List[Path] = chain(n)
   for gamma in range(1, n + 1):
     spare = n - gamma
@@ -219,7 +219,7 @@ def dynamic_value(rows: Sequence[DraftView], n: int) -> float:
 def copy_runs(enc_row: np.ndarray, tokens: np.ndarray, num: int,
               max_len: Optional[int] = None) -> np.ndarray:
   """[len] int: per start position t, how many of the copy branch's `num` tokens
-  (tree_decoding.copy_continuation: prompt lookup on the input and the target's prefix
+  (build.copy_continuation: prompt lookup on the input and the target's prefix
   y_<t) are the target's next tokens, as a greedy step starting at t would accept them."""
   tokens = np.asarray(tokens, np.int32)
   size = max_len or len(tokens)  # one compiled lookup for every row of up to max_len

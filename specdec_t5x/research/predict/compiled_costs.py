@@ -144,7 +144,7 @@ def cache_shardings(cache: Any, mesh: Mesh) -> Any:
   """The decode cache split by heads, as T5X's rules split attention (batch -> 'data',
   heads -> 'model'; replicated where 'model' does not divide the heads): every 4-D leaf is
   [batch, heads, ...]; the encoder mask is [batch, enc]; the scalar flag of dropped writes
-  (layers.SKIPPED) is replicated."""
+  (rows.SKIPPED) is replicated."""
   rules, shape = partitioning.standard_logical_axis_rules(), dict(mesh.shape)
 
   def spec(x):

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from specdec_t5x.algorithm import drafting, feature_draft
+from specdec_t5x.algorithm import draft_vocab, feature_draft
 from specdec_t5x.algorithm.network import T5Config, Transformer
 from specdec_t5x.integration import model_dir
 from specdec_t5x.research.measure import forcing
@@ -144,8 +144,8 @@ def start_from(params: Params, head_cfg: feature_draft.FeatureDraftConfig,
   old['feature_in'] = {'kernel': jnp.pad(old['feature_in']['kernel'], ((0, extra), (0, 0)))}
   old['feature_out'] = {'kernel': jnp.pad(old['feature_out']['kernel'], ((0, 0), (0, extra)))}
   kernel = old['logits_dense']['kernel']  # [emb, old output vocab]
-  columns = drafting.draft_vocabulary(old_cfg.draft_vocab or range(old_cfg.vocab_size),
-                                     old_cfg.vocab_size).columns
+  columns = draft_vocab.draft_vocabulary(old_cfg.draft_vocab or range(old_cfg.vocab_size),
+                                        old_cfg.vocab_size).columns
   wanted = columns[list(head_cfg.draft_vocab or range(head_cfg.vocab_size))]
   missing = int(np.sum(wanted == kernel.shape[1]))  # the column of an id the old head lacks
   if missing:

@@ -70,7 +70,7 @@ from typing import Optional
 import jax
 import jax.numpy as jnp
 
-from specdec_t5x.algorithm import tree
+from specdec_t5x.algorithm.trees import structure
 
 
 def _take(x: jax.Array, index: jax.Array) -> jax.Array:
@@ -129,7 +129,7 @@ def accept_greedy(parents: jax.Array, tokens: jax.Array, target_argmax: jax.Arra
     par = parents[:, i]
     ok = valid[:, i] & _take(accepted, par) & (tokens[:, i] == _take(target_argmax, par))
     accepted = accepted.at[:, i].set(ok)
-  depth = tree.depths(parents)
+  depth = structure.depths(parents)
   node = jnp.argmax(jnp.where(accepted, depth, -1), axis=1).astype(jnp.int32)  # first max
   return (path_to(parents, node, max_depth), _take(depth, node),
           _take(target_argmax, node).astype(jnp.int32))
@@ -201,5 +201,5 @@ def accept_sampled(parents: jax.Array, tokens: jax.Array, sampled: jax.Array,
     current = jnp.where(accept, i, current)
     if without_replacement:
       drawn &= ~accept[:, None]  # a new current: none of its children drawn yet
-  depth = tree.depths(parents)
+  depth = structure.depths(parents)
   return path_to(parents, current, max_depth), _take(depth, current), r

@@ -113,7 +113,7 @@ def attention_layout(parents, positions: jax.Array, num_slots: int):
 def check_path(path) -> np.ndarray:
   """Validates a concrete accepted path [batch, L]: it starts at the root (node 0), its node
   indices increase down the tree (topological order), and once it stops it repeats its last
-  node (tree_accept's paths end so)."""
+  node (accept.py's paths end so)."""
   arr = np.asarray(path)
   if arr.ndim != 2 or arr.shape[1] < 1 or not np.issubdtype(arr.dtype, np.integer):
     raise ValueError(f'An accepted path is [batch, length >= 1] node indices, got shape '
@@ -137,9 +137,8 @@ def compact(cache, positions: jax.Array, path) -> dict:
   (rows.update_all over those L slots only); the cross-attention entries are untouched.
   Those slots then hold bitwise what the chain call would have written; the rest of the
   tree's slots lie beyond the next call's positions, masked. A write that does not fit is
-  recorded in the cache, as extend's are (layers.note_writes).
+  recorded in the cache, as extend's are (rows.note_writes).
   """
-  from specdec_t5x.algorithm import layers  # pylint: disable=g-import-not-at-top (imports tree)
   if _concrete(path):
     check_path(path)
   path = jnp.asarray(path, jnp.int32)
@@ -151,4 +150,4 @@ def compact(cache, positions: jax.Array, path) -> dict:
     (k, v), ok = rows.update_all((layer['k'], layer['v']), (k, v), positions + 1, axes=(3, 2))
     new_layers.append(dict(layer, k=k, v=v))
     fits.append(ok)
-  return layers.note_writes(cache, new_layers, fits)
+  return rows.note_writes(cache, new_layers, fits)

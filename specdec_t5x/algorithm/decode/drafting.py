@@ -1,51 +1,28 @@
 """How a speculative step drafts: the draft's calls and the sampling of each proposal.
 
-decoding.speculative_decode takes a drafter's first call and its `step`, and drafts with
+chain.speculative_decode takes a drafter's first call and its `step`, and drafts with
 them either unrolled (fixed gamma) or in a while loop (adaptive gamma policies). A token
 draft (a model or n-gram table: token_drafter) re-feeds the last verified tokens; a
 feature-reading head (feature_draft.py: feature_drafter) re-feeds the last verify
 window with the target's features. `s` is the loop's DecodeState.
 
-A draft may have logits over a reduced draft vocabulary (a DraftVocabulary: EAGLE-3's
-commonest ids): it then drafts, and keeps its distributions, over those ids only, and the
-loop widens the distributions to the whole vocabulary once per step, for the verifier
-(`full_distributions`; every other id has probability 0, so the rule is unchanged).
+A draft may have logits over a reduced draft vocabulary (a draft_vocab.DraftVocabulary:
+EAGLE-3's commonest ids): it then drafts, and keeps its distributions, over those ids only,
+and the loop widens the distributions to the whole vocabulary once per step, for the
+verifier (`draft_vocab.full_distributions`; every other id has probability 0, so the rule
+is unchanged).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Optional, Sequence
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specdec_t5x.algorithm import rows, sampling
-
-
-class DraftVocabulary(NamedTuple):
-  """The token ids of a draft's logits columns, when they are not the whole vocabulary."""
-  ids: jax.Array  # [Vd] int32, increasing: column j's token id
-  columns: jax.Array  # [V] int32: each token id's column, or Vd (an id never drafted)
-
-
-def draft_vocabulary(ids: Sequence[int], vocab_size: int) -> DraftVocabulary:
-  """Increasing ids in [0, vocab_size) -> their DraftVocabulary (numpy arrays)."""
-  ids = np.asarray(ids, np.int32)
-  columns = np.full((vocab_size,), len(ids), np.int32)
-  columns[ids] = np.arange(len(ids), dtype=np.int32)
-  return DraftVocabulary(ids, columns)
-
-
-def full_distributions(q, vocab: Optional[DraftVocabulary]):
-  """q [..., Vd] over the draft's columns -> [..., V] over the vocabulary (0 off its ids):
-  a gather through `columns` with one zero appended (XLA:CPU runs a scatter as a scalar
-  loop)."""
-  if vocab is None:
-    return q
-  zero = jnp.zeros(q.shape[:-1] + (1,), q.dtype)
-  return jnp.take(jnp.concatenate([q, zero], axis=-1), jnp.asarray(vocab.columns), axis=-1)
+from specdec_t5x.algorithm.draft_vocab import DraftVocabulary, full_distributions
 
 
 def propose(logits, keys, i, cfg: sampling.Settings,

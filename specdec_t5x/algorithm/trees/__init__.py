@@ -1,0 +1,1 @@
+"""Draft trees: their structure and compaction, their builders, exact tree acceptance."""
