@@ -83,6 +83,15 @@ def test_library_modules_live_in_a_layer():
   assert set(loose) == set(SHIMS) | {'__init__'}, loose
 
 
+def test_research_is_folders_by_purpose():
+  """research/ holds subpackages only (train, data, measure, predict, results, experiments):
+  a module's folder says what it is for."""
+  loose = sorted(p.name for p in (PACKAGE / 'research').glob('*.py'))
+  assert loose == ['__init__.py'], loose
+  assert all((d / '__init__.py').exists() for d in (PACKAGE / 'research').iterdir()
+             if d.is_dir() and d.name != '__pycache__')
+
+
 @pytest.mark.parametrize('shim', SHIMS)
 def test_public_shims_only_reexport(shim):
   tree = ast.parse((PACKAGE / f'{shim}.py').read_text(encoding='utf-8'))

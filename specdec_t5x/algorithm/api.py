@@ -1,6 +1,6 @@
-"""`generate`: the public entry point (ARCHITECTURE.md, "Public paths").
+"""`generate`: the public entry point (ARCHITECTURE.md, "Public paths"; docs/internals.md).
 
-Binds Flax modules and params into the callbacks that decoding.py loops over, and
+Binds Flax modules and params into the callbacks that the loops of decode/ run, and
 compiles the whole generation (encoders, caches, loop) into one jitted call. On the CPU
 backend the model's weights are packed once per params tree for the CPU kernels, or, with
 XLA's dot, a tied embedding transposed once (cpu.packing.decode_variables).

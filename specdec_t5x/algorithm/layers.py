@@ -309,8 +309,8 @@ def decode_biases(relpos_bias, cache, positions, k: int, dtype, tree=None):
   """The attention biases of a cached call over k tokens from `positions` [b] (a cache of
   empty_decode_cache's layout): self-attention [b, h, k, slots] (relative positions, and
   causality over the slots, slot 0 masked) and cross-attention [b, 1, 1, enc]. With `tree`
-  (parents [b, k], tree.py) the tokens are a draft tree's nodes: each at its depth's
-  position, seeing the committed prefix and its ancestors (tree.attention_layout)."""
+  (parents [b, k], trees/structure.py) the tokens are a draft tree's nodes: each at its depth's
+  position, seeing the committed prefix and its ancestors (trees.structure.attention_layout)."""
   num_slots = cache['layers'][0]['v'].shape[2]
   if tree is not None:
     if np.shape(tree) != (positions.shape[0], k):

@@ -21,9 +21,9 @@ below. Beyond the teacher-forced forward pass it offers:
 
 The self-attention cache has one extra leading slot for position -1 (physical slot =
 position + 1). Keys at negative positions are always masked; it lets a caller write
-"the token before BOS" without a special case (see decoding.py).
+"the token before BOS" without a special case (see decode/core.py).
 
-Its building blocks are in layers.py, draft trees in tree.py. Shapes use T5X's bracket
+Its building blocks are in layers.py, draft trees in trees/. Shapes use T5X's bracket
 comments: `# [batch, length, emb]`.
 """
 
@@ -192,7 +192,7 @@ class Transformer(nn.Module):
     """Append tokens [batch, k] at positions [batch].. -> (logits [b, k, vocab], cache), and
     with `return_features` also what a feature_draft head reads [b, k, F] float32: the final
     normalised output, then the residual stream after each layer in `feature_layers`
-    (layers.fused_features). `tree`: parents [b, k], the tokens are a draft tree (tree.py)."""
+    (layers.fused_features). `tree`: parents [b, k], the tokens are a draft tree (trees/)."""
     return self.decoder.extend(cache, tokens, positions, return_features, feature_layers, tree)
 
   def features(self, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens=None,

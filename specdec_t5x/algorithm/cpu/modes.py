@@ -63,7 +63,7 @@ def accelerator_forms():
   """Traces the decode path as on an accelerator even on the CPU backend: cached attention
   as one product over all queries (layers.Attention.attend_cached) and the argmax without
   the row kernel, for programs compiled on a CPU to predict an accelerator's
-  (research/compiled_costs.py). The form is chosen while tracing, so only functions traced
+  (research/predict/compiled_costs.py). The form is chosen while tracing, so only functions traced
   inside the block take it: a jitted function traced before keeps its cached program."""
   return _holding(_ACCELERATOR_FORMS, True)
 
