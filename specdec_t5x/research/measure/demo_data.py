@@ -68,7 +68,8 @@ def row_results(timings: Any, base: str = 'AR') -> Dict[str, Dict[str, Any]]:
 
 
 def alpha_cells(path: str) -> List[Dict[str, Any]]:
-  """The alpha cells of a scripts/measure_alpha.py results file ([] when it is missing)."""
+  """The alpha cells of results/alpha_demo.json (compare_decodes.py --experiment=alpha_demo;
+  [] when it is missing)."""
   if not path or not os.path.exists(path):
     return []
   with open(path, encoding='utf-8') as f:

@@ -2,7 +2,7 @@
 
 Sequence-level knowledge distillation (Kim & Rush, 2016): a draft trained on its target's
 own greedy outputs learns the target's mode, which is what raises alpha.
-scripts/distill_data.py writes such a corpus; scripts/train.py --init_from trains on it.
+scripts/build_data.py distill writes such a corpus; scripts/train.py --init_from trains on it.
 """
 
 from __future__ import annotations

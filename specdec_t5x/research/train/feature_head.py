@@ -1,7 +1,7 @@
 """Training a feature-reading draft head (algorithm/feature_draft.py) for a frozen target.
 
-Data: token arrays as research/train_data reads them (the corpus, or the target's own
-greedy outputs from scripts/distill_data.py): they only give the contexts, the labels are
+Data: token arrays as research/train/data.py reads them (the corpus, or the target's own
+greedy outputs from scripts/build_data.py distill): they only give the contexts, the labels are
 the target's distributions (EAGLE trains on fixed data too). Each step runs the target
 teacher forced over a batch (its encoder output, its features (fused with the layers the
 head reads, FeatureDraftConfig.feature_layers) and logits: no gradient) and the head's
