@@ -29,19 +29,12 @@ def alpha_json(script: str) -> str:
 
 
 # The shared flags: argparse settings without the default, which each Measurement gives.
+# --target, --drafts, --tasks and --gammas are strings (comma lists, split where used).
 FLAGS: Dict[str, Dict[str, Any]] = {
-    'target': dict(help='the target (a checkpoints/demo model)'),
-    'drafts': dict(help='comma list of drafts (checkpoints/demo models or n-gram tables)'),
-    'tasks': dict(help='comma list of demo tasks (ende, summarize)'),
-    'temperatures': dict(type=harness.floats, help='comma list of sampling temperatures'),
-    'gammas': dict(help='comma list of gammas'),
-    'gamma': dict(type=int, help='draft tokens per step'),
-    'num_examples': dict(type=int, help='test inputs per task'),
-    'rows': dict(type=int, help='test rows decoded'),
-    'batch': dict(type=int, help='rows per decode call'),
-    'max_len': dict(type=int, help='max_decode_length'),
-    'max_input_len': dict(type=int, help='encoder inputs padded (and cut) to this length'),
-    'seed': dict(type=int, help='the first rng seed'),
+    'target': {}, 'drafts': {}, 'tasks': {}, 'gammas': {},
+    'temperatures': dict(type=harness.floats),
+    **{name: dict(type=int) for name in ('gamma', 'num_examples', 'rows', 'batch', 'max_len',
+                                         'max_input_len', 'seed')},
     'alpha_json': dict(help="compare_decodes.py --experiment=alpha_demo's output, read when "
                        'present (the teacher-forced alphas)'),
 }
