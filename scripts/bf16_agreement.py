@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -43,7 +43,8 @@ import numpy as np
 from specdec_t5x.algorithm import api, batching, network
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.integration import model_dir
-from specdec_t5x.research.measure import batched, evaluation, forcing, t5x_reference
+from specdec_t5x.research.measure import (batched, evaluation, forcing, measurement,
+                                          t5x_reference)
 from specdec_t5x.research.results import harness
 
 TARGET = 'demo_target/checkpoint_2239'
@@ -173,10 +174,16 @@ def diagnose(dtype: str, enc: np.ndarray, refs: np.ndarray, k: int) -> Dict[str,
           'first_differing_module': first, 'modules': rows}
 
 
-def measure(args) -> Dict[str, Any]:
-  examples = evaluation.load_examples('ende', args.num_examples, max_input_len=INPUT_LEN)
-  enc = batching.pad_batch([e.inputs for e in examples], INPUT_LEN, INPUT_LEN)
-  refs = batching.pad_batch([e.targets[:MAX_LEN] for e in examples], MAX_LEN, MAX_LEN)
+def rows(num: int) -> Tuple[np.ndarray, np.ndarray]:
+  """(encoder inputs, references) of the first `num` EN-DE test rows, padded as
+  configs/demo.gin's TASK_FEATURE_LENGTHS."""
+  examples = evaluation.load_examples('ende', num, max_input_len=INPUT_LEN)
+  return (batching.pad_batch([e.inputs for e in examples], INPUT_LEN, INPUT_LEN),
+          batching.pad_batch([e.targets[:MAX_LEN] for e in examples], MAX_LEN, MAX_LEN))
+
+
+def measure(args, script: str) -> Dict[str, Any]:
+  enc, refs = rows(args.num_examples)
   gammas = [int(g) for g in args.gammas.split(',')]
   result: Dict[str, Any] = {}
   per_dtype: Dict[str, tuple] = {}  # what depends on the dtype only, not the kernel mode
@@ -246,9 +253,7 @@ def render(report: harness.Report) -> List[str]:
 
 def run_diagnosis(report: harness.Report) -> str:
   args = report['args']
-  examples = evaluation.load_examples('ende', args['batch_size'], max_input_len=INPUT_LEN)
-  enc = batching.pad_batch([e.inputs for e in examples], INPUT_LEN, INPUT_LEN)
-  refs = batching.pad_batch([e.targets[:MAX_LEN] for e in examples], MAX_LEN, MAX_LEN)
+  enc, refs = rows(args['batch_size'])
   k = max(harness.ints(args['gammas'])) + 1
   cells = report['cells'] = [diagnose(d, enc, refs, k) for d in DTYPES]
   lines = report.header(
@@ -268,23 +273,23 @@ def run_diagnosis(report: harness.Report) -> str:
   return report.write(lines, suffix='_diagnosis')
 
 
+MEASUREMENT = measurement.Measurement(
+    'bf16_agreement', __doc__, measure, render, repeats=20, flags=dict(
+        num_examples=100, batch_size=dict(type=int, default=50), gammas='3,5,7',
+        float32_attention_logits=dict(action='store_true', help="T5Config's flag, for both "
+                                      "networks (T5X's configs leave it off)"),
+        time=dict(action='store_true', help='also time (idle machine only)'),
+        diagnose=dict(action='store_true', help='only locate the first bitwise difference of a '
+                      'verify-shaped call')))
+
+
 def main(argv=None) -> None:
-  p = harness.parser(__doc__, harness.results_path(__file__, 'bf16_agreement'), repeats=20)
-  p.add_argument('--num_examples', type=int, default=100)
-  p.add_argument('--batch_size', type=int, default=50)
-  p.add_argument('--gammas', default='3,5,7')
-  p.add_argument('--float32_attention_logits', action='store_true',
-                 help="T5Config's flag, for both networks (T5X's configs leave it off)")
-  p.add_argument('--time', action='store_true', help='also time (idle machine only)')
-  p.add_argument('--diagnose', action='store_true',
-                 help='only locate the first bitwise difference of a verify-shaped call')
-  args = p.parse_args(argv)
-  report = harness.Report(__file__, args, argv)
-  if args.diagnose:
-    print(run_diagnosis(report))
+  """MEASUREMENT.main, or with --diagnose run_diagnosis."""
+  args = MEASUREMENT.parser(__file__).parse_args(argv)
+  if not args.diagnose:
+    MEASUREMENT.main(argv, __file__)
     return
-  report.data.update(measure(args))
-  print(report.write(render(report)))
+  print(run_diagnosis(harness.Report(__file__, args, argv)))
 
 
 if __name__ == '__main__':

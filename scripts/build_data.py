@@ -133,40 +133,34 @@ def parser() -> argparse.ArgumentParser:
   ap = argparse.ArgumentParser(description=__doc__,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
   sub = ap.add_subparsers(dest='command', required=True)
-  p = sub.add_parser('corpus', help='the corpus, its samples, vocabulary and npz exports')
-  p.set_defaults(run=corpus)
-  p.add_argument('--out', default='data/corpus', help='corpus output directory')
-  p.add_argument('--work_dir', default='data/work/corpus',
-                 help='apt lists, downloaded .debs, extracted files')
-  p.add_argument('--skip_build', action='store_true',
-                 help='reuse the TSVs already in --out (vocab/npz/demo steps only)')
-  p.add_argument('--no_update', action='store_true',
-                 help='reuse the apt lists in --work_dir (no apt-get update)')
-  p.add_argument('--demo_dir', default=None,
-                 help='write {ende,summarize}_test.tsv samples (300 each) here')
-  p.add_argument('--train_vocab', default=None,
-                 help='model prefix for a SentencePiece model trained on train splits')
-  p.add_argument('--vocab', default=None,
-                 help='SentencePiece model for --export_npz (default: --train_vocab.model)')
-  p.add_argument('--export_npz', default=None, help='directory for tokenised .npz')
-  p = sub.add_parser('ngram', help='unigram and sparse-bigram drafts')
-  p.set_defaults(run=ngram)
-  p.add_argument('--data', default='data/corpus/npz')
-  p.add_argument('--out', default='checkpoints/demo')
-  p.add_argument('--tasks', default='ende,summarize')
-  p.add_argument('--vocab_size', type=int, default=8192)
-  p.add_argument('--topk', type=int, default=16)
-  p = sub.add_parser('distill', help="a distillation corpus: the target's greedy outputs")
-  p.set_defaults(run=distill)
-  p.add_argument('--target', required=True, help='model dir: config.json + checkpoint_*')
-  p.add_argument('--data', default='data/corpus/npz')
-  p.add_argument('--out', required=True)
-  p.add_argument('--splits', default='train,validation')
-  p.add_argument('--batch_size', type=int, default=512)
-  p.add_argument('--max_rows', type=_max_rows, default={}, help="per file: N, or per task "
-                 "'ende=36000,summarize=12000' (a task not named: all); 0 = all")
-  p.add_argument('--dtype', default='float32', help='compute dtype, e.g. bfloat16 on GPU')
-  p.add_argument('--no_progress', action='store_true')
+  for name, run, about, flags in (
+      ('corpus', corpus, 'the corpus, its samples, vocabulary and npz exports', dict(
+          out=dict(default='data/corpus', help='corpus output directory'),
+          work_dir=dict(default='data/work/corpus',
+                        help='apt lists, downloaded .debs, extracted files'),
+          skip_build=dict(action='store_true',
+                          help='reuse the TSVs already in --out (vocab/npz/demo steps only)'),
+          no_update=dict(action='store_true',
+                         help='reuse the apt lists in --work_dir (no apt-get update)'),
+          demo_dir=dict(default=None,
+                        help='write {ende,summarize}_test.tsv samples (300 each) here'),
+          train_vocab=dict(default=None,
+                           help='model prefix for a SentencePiece model trained on train splits'),
+          vocab=dict(default=None,
+                     help='SentencePiece model for --export_npz (default: --train_vocab.model)'),
+          export_npz=dict(default=None, help='directory for tokenised .npz'))),
+      ('ngram', ngram, 'unigram and sparse-bigram drafts', dict(
+          data='data/corpus/npz', out='checkpoints/demo', tasks='ende,summarize',
+          vocab_size=dict(type=int, default=8192), topk=dict(type=int, default=16))),
+      ('distill', distill, "a distillation corpus: the target's greedy outputs", dict(
+          target=dict(required=True, help='model dir: config.json + checkpoint_*'),
+          data='data/corpus/npz', out=dict(required=True), splits='train,validation',
+          batch_size=dict(type=int, default=512),
+          max_rows=dict(type=_max_rows, default={}, help="per file: N, or per task "
+                        "'ende=36000,summarize=12000' (a task not named: all); 0 = all"),
+          dtype=dict(default='float32', help='compute dtype, e.g. bfloat16 on GPU'),
+          no_progress=dict(action='store_true')))):
+    harness.add_flags(sub.add_parser(name, help=about), {}, flags).set_defaults(run=run)
   return ap
 
 

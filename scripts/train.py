@@ -109,42 +109,47 @@ def _per_model(text: str, n: int, cast) -> list:
   return items * n if len(items) == 1 else items
 
 
+# The flags both trainers take, with the TrainConfig fields (COMMON) they set alike: their
+# argparse settings but the default, which each trainer gives (harness.add_flags).
+FLAGS = {
+    'data': dict(help='dir of {task}_{split}.npz'),
+    'workdir': dict(required=True),
+    'warmup_steps': dict(type=int), 'weight_decay': dict(type=float),
+    'save_every': dict(type=int), 'eval_every': dict(type=int), 'log_every': dict(type=int),
+    'num_val_examples': dict(type=int, help='per task'), 'seed': dict(type=int),
+    'no_progress': dict(action='store_true', help='no tqdm bar'),
+}
+COMMON = ('warmup_steps', 'weight_decay', 'save_every', 'eval_every', 'log_every',
+          'num_val_examples', 'seed')
+
+
 def parse(argv=None) -> argparse.Namespace:
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  p.add_argument('--model', required=True, help=f'comma list of {sorted(train_config.PRESETS)}')
-  p.add_argument('--data', default='data/corpus/npz', help='dir of {task}_{split}.npz')
-  p.add_argument('--workdir', required=True, help='one model: the run dir; several: parent')
-  p.add_argument('--steps', default='10000', help="per model; 'auto' fits max_seconds")
-  p.add_argument('--max_seconds', default='none', help='time budget per model (seconds)')
-  p.add_argument('--batch_size', default='64', help='per model')
-  p.add_argument('--learning_rate', default='2e-3', help='peak, per model')
-  p.add_argument('--optimizer', default='adamw', choices=['adamw', 'adafactor'])
-  p.add_argument('--schedule', default='cosine', choices=['cosine', 'rsqrt'])
-  p.add_argument('--warmup_steps', type=int, default=500)
-  p.add_argument('--weight_decay', type=float, default=0.01)
-  p.add_argument('--z_loss', type=float, default=1e-4)
-  p.add_argument('--mixing_rates', default='', help="e.g. 'ende=1,summarize=1'; default: sizes")
-  p.add_argument('--dtype', default='float32', help='compute dtype, e.g. bfloat16')
-  p.add_argument('--override', default='', help="T5Config fields, e.g. 'layers=4,mlp_dim=1024'")
-  p.add_argument('--save_every', type=int, default=1000)
-  p.add_argument('--eval_every', type=int, default=500)
-  p.add_argument('--log_every', type=int, default=50)
-  p.add_argument('--num_val_examples', type=int, default=512, help='per task')
-  p.add_argument('--seed', type=int, default=0)
-  p.add_argument('--final_export', default='', help='write bf16 params to DIR/<model>/')
-  p.add_argument('--init_from', default='none',
-                 help='per model: checkpoint dir (or its parent: the highest step) whose params '
-                      'start a fresh run (fine-tuning)')
-  p.add_argument('--teacher', default='',
-                 help='model dir (config.json + checkpoint_*): token-level KD from its logits')
-  p.add_argument('--kd_weight', type=float, default=0.5, help='weight of KL(teacher || model)')
-  p.add_argument('--no_progress', action='store_true', help='no tqdm bar')
-  p.add_argument('--vocab', default='',
-                 help='SentencePiece model the data was tokenized with: recorded as '
-                      'vocabulary.json next to the --final_export (checked by infer)')
-  p.add_argument('--allow_changed_config', action='store_true',
-                 help="resume a workdir although hyperparameters differ from its config.json")
-  return p.parse_args(argv)
+  return harness.add_flags(p, FLAGS, dict(
+      model=dict(required=True, help=f'comma list of {sorted(train_config.PRESETS)}'),
+      data='data/corpus/npz', workdir=dict(help='one model: the run dir; several: parent'),
+      steps=dict(default='10000', help="per model; 'auto' fits max_seconds"),
+      max_seconds=dict(default='none', help='time budget per model (seconds)'),
+      batch_size=dict(default='64', help='per model'),
+      learning_rate=dict(default='2e-3', help='peak, per model'),
+      optimizer=dict(default='adamw', choices=['adamw', 'adafactor']),
+      schedule=dict(default='cosine', choices=['cosine', 'rsqrt']),
+      warmup_steps=500, weight_decay=0.01, z_loss=dict(type=float, default=1e-4),
+      mixing_rates=dict(default='', help="e.g. 'ende=1,summarize=1'; default: sizes"),
+      dtype=dict(default='float32', help='compute dtype, e.g. bfloat16'),
+      override=dict(default='', help="T5Config fields, e.g. 'layers=4,mlp_dim=1024'"),
+      save_every=1000, eval_every=500, log_every=50, num_val_examples=512, seed=0,
+      final_export=dict(default='', help='write bf16 params to DIR/<model>/'),
+      init_from=dict(default='none', help='per model: checkpoint dir (or its parent: the '
+                     'highest step) whose params start a fresh run (fine-tuning)'),
+      teacher=dict(default='', help='model dir (config.json + checkpoint_*): token-level KD '
+                   'from its logits'),
+      kd_weight=dict(type=float, default=0.5, help='weight of KL(teacher || model)'),
+      no_progress={},
+      vocab=dict(default='', help='SentencePiece model the data was tokenized with: recorded '
+                 'as vocabulary.json next to the --final_export (checked by infer)'),
+      allow_changed_config=dict(action='store_true', help='resume a workdir although '
+                                'hyperparameters differ from its config.json'))).parse_args(argv)
 
 
 def train_models(argv=None) -> list:
@@ -161,11 +166,9 @@ def train_models(argv=None) -> list:
     model_cfg = train_config.model_config(name, dtype=args.dtype, **_pairs(args.override))
     cfg = train_config.TrainConfig(
         steps=steps[i], batch_size=batch[i], optimizer=args.optimizer, schedule=args.schedule,
-        learning_rate=lr[i], warmup_steps=args.warmup_steps, weight_decay=args.weight_decay,
-        z_loss=args.z_loss, mixing_rates=_pairs(args.mixing_rates) or None,
-        max_seconds=seconds[i], save_every=args.save_every, eval_every=args.eval_every,
-        log_every=args.log_every, num_val_examples=args.num_val_examples, seed=args.seed,
-        init_from=init_from[i], teacher=args.teacher or None, kd_weight=args.kd_weight)
+        learning_rate=lr[i], z_loss=args.z_loss, mixing_rates=_pairs(args.mixing_rates) or None,
+        max_seconds=seconds[i], init_from=init_from[i], teacher=args.teacher or None,
+        kd_weight=args.kd_weight, **{k: getattr(args, k) for k in COMMON})
     workdir = args.workdir if n == 1 else os.path.join(args.workdir, name)
     params, summary = training.train(model_cfg, args.data, workdir, cfg,
                                      progress=not args.no_progress,
@@ -190,44 +193,36 @@ def train_head(argv=None) -> dict:
   """Trains (and exports) one feature head; returns its end record."""
   p = argparse.ArgumentParser(prog='train.py --head',
                               description='--head: a feature-reading draft head')
-  p.add_argument('--target', required=True, help='the target model dir (config.json + checkpoint)')
-  p.add_argument('--data', required=True, help='dir of {task}_{split}.npz (distilled)')
-  p.add_argument('--workdir', required=True)
-  p.add_argument('--steps', type=int, default=4000)
-  p.add_argument('--max_seconds', type=float, default=None, help='budget of this call')
-  p.add_argument('--batch_size', type=int, default=32)
-  p.add_argument('--learning_rate', type=float, default=2e-3)
-  p.add_argument('--warmup_steps', type=int, default=100)
-  p.add_argument('--weight_decay', type=float, default=0.01)
-  p.add_argument('--passes', type=int, default=3, help='self-fed passes (draft positions)')
-  p.add_argument('--feature_weight', type=float, default=1.0)
-  p.add_argument('--max_target_len', type=int, default=32,
-                 help='train on the first N decoder positions (0 = all)')
-  p.add_argument('--emb_dim', type=int, default=128)
-  p.add_argument('--num_heads', type=int, default=2)
-  p.add_argument('--mlp_dim', type=int, default=512)
-  p.add_argument('--num_layers', type=int, default=1)
-  p.add_argument('--feature_layers', type=_layers, default=(),
-                 help="target decoder layers whose outputs the head also reads, e.g. '0,2' "
-                 "(EAGLE-3's fusion; the final features always); empty: the final only")
-  p.add_argument('--draft_vocab_size', type=int, default=0,
-                 help="logits over the data targets' N commonest ids only (a reduced draft "
-                 'vocabulary, EAGLE-3); 0 = the whole vocabulary')
-  p.add_argument('--draft_vocab_from', default='',
-                 help="an exported head whose draft vocabulary to keep (e.g. --init_from's, "
-                 'when fine-tuning on other data); instead of --draft_vocab_size')
-  p.add_argument('--init_from', default='',
-                 help='an exported head (model dir) to start from, e.g. to fine-tune it')
-  p.add_argument('--mixing_rates', type=lambda t: harness.pairs(t, float), default={},
-                 help="e.g. 'ende=3,summarize=1'; default: sizes")
-  p.add_argument('--save_every', type=int, default=250)
-  p.add_argument('--eval_every', type=int, default=500)
-  p.add_argument('--log_every', type=int, default=50)
-  p.add_argument('--num_val_examples', type=int, default=256, help='per task')
-  p.add_argument('--seed', type=int, default=0)
-  p.add_argument('--export', default='', help='write the head as a model dir here')
-  p.add_argument('--vocab', default='', help='SentencePiece model, recorded with --export')
-  p.add_argument('--no_progress', action='store_true')
+  harness.add_flags(p, FLAGS, dict(
+      target=dict(required=True, help='the target model dir (config.json + checkpoint)'),
+      data=dict(required=True, help='dir of {task}_{split}.npz (distilled)'), workdir={},
+      steps=dict(type=int, default=4000),
+      max_seconds=dict(type=float, default=None, help='budget of this call'),
+      batch_size=dict(type=int, default=32), learning_rate=dict(type=float, default=2e-3),
+      warmup_steps=100, weight_decay=0.01,
+      passes=dict(type=int, default=3, help='self-fed passes (draft positions)'),
+      feature_weight=dict(type=float, default=1.0),
+      max_target_len=dict(type=int, default=32,
+                          help='train on the first N decoder positions (0 = all)'),
+      emb_dim=dict(type=int, default=128), num_heads=dict(type=int, default=2),
+      mlp_dim=dict(type=int, default=512), num_layers=dict(type=int, default=1),
+      feature_layers=dict(type=_layers, default=(), help="target decoder layers whose outputs "
+                          "the head also reads, e.g. '0,2' (EAGLE-3's fusion; the final "
+                          'features always); empty: the final only'),
+      draft_vocab_size=dict(type=int, default=0, help="logits over the data targets' N "
+                            'commonest ids only (a reduced draft vocabulary, EAGLE-3); 0 = the '
+                            'whole vocabulary'),
+      draft_vocab_from=dict(default='', help="an exported head whose draft vocabulary to keep "
+                            "(e.g. --init_from's, when fine-tuning on other data); instead of "
+                            '--draft_vocab_size'),
+      init_from=dict(default='', help='an exported head (model dir) to start from, e.g. to '
+                     'fine-tune it'),
+      mixing_rates=dict(type=lambda t: harness.pairs(t, float), default={},
+                        help="e.g. 'ende=3,summarize=1'; default: sizes"),
+      save_every=250, eval_every=500, log_every=50, num_val_examples=256, seed=0,
+      export=dict(default='', help='write the head as a model dir here'),
+      vocab=dict(default='', help='SentencePiece model, recorded with --export'),
+      no_progress={}))
   args = p.parse_args(argv)
   target_cfg = model_dir.load_config(args.target)
   if args.draft_vocab_size and args.draft_vocab_from:
@@ -244,11 +239,8 @@ def train_head(argv=None) -> dict:
       emb_dim=args.emb_dim, num_heads=args.num_heads, head_dim=64, mlp_dim=args.mlp_dim,
       num_layers=args.num_layers, draft_vocab=draft_vocab, feature_layers=args.feature_layers)
   cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size,
-                    learning_rate=args.learning_rate, warmup_steps=args.warmup_steps,
-                    weight_decay=args.weight_decay, mixing_rates=args.mixing_rates or None,
-                    max_seconds=args.max_seconds, save_every=args.save_every,
-                    eval_every=args.eval_every, log_every=args.log_every,
-                    num_val_examples=args.num_val_examples, seed=args.seed)
+                    learning_rate=args.learning_rate, mixing_rates=args.mixing_rates or None,
+                    max_seconds=args.max_seconds, **{k: getattr(args, k) for k in COMMON})
   params, end = feature_train.train_head(args.target, args.data, args.workdir, head_cfg, cfg,
                                          passes=args.passes,
                                          feature_weight=args.feature_weight,

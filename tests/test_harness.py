@@ -1,5 +1,6 @@
-"""research/results/harness.py and research/measure/demo_data.py: the pieces every result
-script is built from, checked on stand-ins whose answers are known (no timing figures are asserted)."""
+"""research/results/harness.py, research/measure/demo_data.py and measurement.py: the
+pieces every result script is built from, checked on stand-ins whose answers are known (no
+timing figures are asserted)."""
 
 import argparse
 import json
@@ -12,7 +13,7 @@ import pytest
 
 from conftest import make_model, random_inputs, tiny_config
 from specdec_t5x.integration import infer_output
-from specdec_t5x.research.measure import demo_data, timed_rows
+from specdec_t5x.research.measure import demo_data, measurement, timed_rows
 from specdec_t5x.research.results import harness
 
 pytestmark = pytest.mark.slow  # a results table's tooling, not the decode path
@@ -28,6 +29,34 @@ def test_parser_has_out_and_optional_repeats():
   assert harness.ints('1,2,,4') == [1, 2, 4] and harness.floats('0,1') == [0.0, 1.0]
   assert harness.results_path(str(REPO / 'scripts' / 'x.py'), 'name') == str(
       REPO / 'results' / 'name')
+
+
+def test_add_flags_takes_settings_from_the_table_and_defaults_from_the_caller():
+  table = {'n': dict(type=int, help='how many'), 'on': dict(action='store_true')}
+  ap = harness.add_flags(argparse.ArgumentParser(), table,
+                         dict(n=3, on={}, rate=dict(type=float, default=0.5), name='x'))
+  assert vars(ap.parse_args([])) == {'n': 3, 'on': False, 'rate': 0.5, 'name': 'x'}
+  assert vars(ap.parse_args(['--n', '4', '--on', '--rate', '1', '--name', 'y'])) == {
+      'n': 4, 'on': True, 'rate': 1.0, 'name': 'y'}
+
+
+def test_a_measurement_parses_its_flags_and_writes_its_report(tmp_path, capsys):
+  """Shared flags take FLAGS' settings, a function default is called with the entry point,
+  the report records the command and args and holds what `measure` returned."""
+  m = measurement.Measurement(
+      'x', 'doc', lambda args, script: {'n': args.num_examples * 2},
+      lambda report: report.header('T') + harness.table(['n'], [[report['n']]]), repeats=2,
+      flags=dict(num_examples=3, temperatures='0,1', alpha_json=measurement.alpha_json,
+                 drafts=dict(type=measurement.names, default=['a'])))
+  script = str(REPO / 'scripts' / 'compare_decodes.py')
+  assert m.parser(script).parse_args([]).out == str(REPO / 'results' / 'x')
+  data = m.main(['--num_examples', '4', '--out', str(tmp_path / 'x')], script, ['--flag'])
+  assert data['n'] == 8 and data['command'] == 'python scripts/compare_decodes.py --flag'
+  assert data['args'] == {'out': str(tmp_path / 'x'), 'repeats': 2, 'num_examples': 4,
+                          'temperatures': [0.0, 1.0], 'drafts': ['a'],
+                          'alpha_json': str(REPO / 'results' / 'alpha_demo.json')}
+  assert json.loads((tmp_path / 'x.json').read_text())['n'] == 8
+  assert '| 8 |' in (tmp_path / 'x.md').read_text() and '# T' in capsys.readouterr().out
 
 
 def test_pairs_parses_key_values_and_refuses_malformed_items():

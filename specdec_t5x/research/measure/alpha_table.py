@@ -16,17 +16,18 @@ Writes results/alpha_demo.json and results/alpha_demo.md.
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import List
 
 import numpy as np
 from tqdm import tqdm
 
 from specdec_t5x.algorithm import batching, sampling
-from specdec_t5x.research.measure import evaluation, speed
+from specdec_t5x.research.measure import evaluation, measurement, speed
 from specdec_t5x.research.results import harness
 
 
-def measure(args) -> dict:
+def measure(args, script: str) -> dict:
+  """The alpha cells of every (task, temperature, draft)."""
   target = evaluation.load_model(args.target)
   cells = []
   jobs = [(t, temp) for t in args.tasks.split(',') for temp in args.temperatures]
@@ -101,28 +102,11 @@ def render(report: harness.Report) -> List[str]:
         ' '.join(map(str, c['beta_histogram']['counts']))] for c in cells])
 
 
-def main(argv: Sequence[str], script: str, recorded: Optional[Sequence[str]] = None):
-  """Measures with this module's flags `argv` and writes the report; `script` is the entry
-  point (scripts/compare_decodes.py: results/ beside it, its name in the command) and
-  `recorded` the command's flags (default argv)."""
-  ap = harness.parser(__doc__, harness.results_path(script, 'alpha_demo'))
-  ap.add_argument('--target', default='demo_target')
-  ap.add_argument('--drafts', default='demo_draft_m,demo_draft_s,unigram,bigram')
-  ap.add_argument('--tasks', default='ende,summarize')
-  ap.add_argument('--temperatures', default='0,1', type=harness.floats)
-  ap.add_argument('--topk', type=int, default=0)
-  ap.add_argument('--topp', type=float, default=0.0)
-  ap.add_argument('--num_tokens', type=int, default=10000)
-  ap.add_argument('--max_passes', type=int, default=8, help='sampling passes over the inputs')
-  ap.add_argument('--max_len', type=int, default=64)
-  ap.add_argument('--max_input_len', type=int, default=128)
-  ap.add_argument('--gamma', type=int, default=4)
-  ap.add_argument('--spec_examples', type=int, default=32)
-  ap.add_argument('--batch', type=int, default=16)
-  ap.add_argument('--bins', type=int, default=10)
-  ap.add_argument('--seed', type=int, default=0)
-  args = ap.parse_args(argv)
-  report = harness.Report(script, args, argv if recorded is None else recorded)
-  report.data.update(measure(args))
-  print(report.write(render(report)))
-  return report.data
+main = measurement.Measurement(
+    'alpha_demo', __doc__, measure, render, flags=dict(
+        target='demo_target', drafts='demo_draft_m,demo_draft_s,unigram,bigram',
+        tasks='ende,summarize', temperatures='0,1', max_len=64, max_input_len=128, gamma=4,
+        batch=16, seed=0, topk=dict(type=int, default=0), topp=dict(type=float, default=0.0),
+        num_tokens=dict(type=int, default=10000),
+        max_passes=dict(type=int, default=8, help='sampling passes over the inputs'),
+        spec_examples=dict(type=int, default=32), bins=dict(type=int, default=10))).main

@@ -14,9 +14,9 @@ tokens per target call, and whether every row of a batch equals its batch-1 outp
 from __future__ import annotations
 
 import json
-from typing import Optional, Sequence
+from typing import List
 
-from specdec_t5x.research.measure import demo_data, evaluation, speed
+from specdec_t5x.research.measure import demo_data, evaluation, measurement, speed
 from specdec_t5x.research.results import harness
 
 COST_MODEL = (
@@ -34,32 +34,35 @@ COST_MODEL = (
     'waste there. The table shows where that crossover lies for this model pair.')
 
 
-def main(argv: Sequence[str], script: str, recorded: Optional[Sequence[str]] = None):
-  """Measures with this module's flags `argv` and writes the report; `script` is the entry
-  point (scripts/compare_decodes.py: results/ beside it, its name in the command) and
-  `recorded` the command's flags (default argv)."""
-  ap = harness.parser(__doc__, harness.results_path(script, 'batch_throughput'), repeats=2)
-  ap.add_argument('--batches', default='1,4,16,64')
-  ap.add_argument('--gammas', default='2,4')
-  ap.add_argument('--max_len', type=int, default=32)
-  ap.add_argument('--task', default='ende')
-  args = ap.parse_args(argv)
+def measure(args, script: str) -> dict:
+  """The throughput rows of every (batch, method), each printed as it comes."""
   batches = harness.ints(args.batches)
   target, draft = evaluation.load_model('demo_target'), evaluation.load_model('demo_draft_m')
   enc, _, _ = demo_data.load_task(args.task, max(batches))
   rows = speed.batch_throughput(target, draft, enc, batches, harness.ints(args.gammas),
-                                     args.max_len, args.repeats,
-                                     report=lambda row: print(json.dumps(row), flush=True))
-  report = harness.Report(script, args, argv if recorded is None else recorded)
-  report.data.update(task=args.task, max_len=args.max_len, rows=rows)
-  report.write(report.header(
+                                args.max_len, args.repeats,
+                                report=lambda row: print(json.dumps(row), flush=True))
+  return dict(task=args.task, max_len=args.max_len, rows=rows)
+
+
+def render(report: harness.Report) -> List[str]:
+  args = report['args']
+  return report.header(
       'Batched throughput: speculative vs autoregressive',
-      f'demo_target + demo_draft_m, greedy, task {args.task}, max_decode_length '
-      f'{args.max_len}, median of {args.repeats} interleaved repeats after compilation.') +
-      demo_data.throughput_table(rows) +
-      ['', '## Where speculation stops paying (cost model)', '', COST_MODEL])
+      f"demo_target + demo_draft_m, greedy, task {args['task']}, max_decode_length "
+      f"{args['max_len']}, median of {args['repeats']} interleaved repeats after "
+      'compilation.') + demo_data.throughput_table(report['rows']) + [
+          '', '## Where speculation stops paying (cost model)', '', COST_MODEL]
+
+
+def plot(report: harness.Report) -> None:
   plt = harness.pyplot()
   if plt is not None:
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    demo_data.throughput_plot(ax, rows)
+    demo_data.throughput_plot(ax, report['rows'])
     report.save_figure(fig, dpi=120)
+
+
+main = measurement.Measurement(
+    'batch_throughput', __doc__, measure, render, repeats=2, after=plot, prints=False,
+    flags=dict(batches='1,4,16,64', gammas='2,4', max_len=32, task='ende')).main

@@ -13,8 +13,8 @@ float32 and bfloat16 panels:
    (tokens per call) / (gamma c + r) at the measured tokens per call;
 2. AR and speculative decoding of the first `rows` demo EN->DE test sentences, each alone
    (batch 1, greedy), all six runs interleaved in one process (each decode's
-   DecodeConfig.cpu_kernels names its mode; the median of --repeats). Every output is checked equal to
-   XLA's AR output.
+   DecodeConfig.cpu_kernels names its mode; the median of --repeats). Every output is checked
+   equal to XLA's AR output.
 3. the same per-call costs for random-weight T5 v1.1 targets of --sizes (default small and
    base; float32 weights with bfloat16 values, as restored from a bfloat16 checkpoint),
    whose decoder weights (~200 MB, ~700 MB in float32) dwarf the demo target's (41 MB):
@@ -24,16 +24,16 @@ Writes results/cpu_kernels.{json,md}.
 
 from __future__ import annotations
 
+import argparse
 import json
-from typing import Optional, Sequence
+from typing import List
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from specdec_t5x.algorithm import network, timing
 from specdec_t5x.algorithm.cpu import modes
-from specdec_t5x.research.measure import demo_data, evaluation, speed
+from specdec_t5x.research.measure import demo_data, evaluation, measurement, speed
 from specdec_t5x.research.results import harness
 
 # The table's names of DecodeConfig.cpu_kernels's modes ('packed': bfloat16 panels).
@@ -45,16 +45,8 @@ def kernels(mode: str):
   return modes.default_mode_as(MODES[mode])
 
 
-def main(argv: Sequence[str], script: str, recorded: Optional[Sequence[str]] = None):
-  """Measures with this module's flags `argv` and writes the report; `script` is the entry
-  point (scripts/compare_decodes.py: results/ beside it, its name in the command) and
-  `recorded` the command's flags (default argv)."""
-  ap = harness.parser(__doc__, harness.results_path(script, 'cpu_kernels'), repeats=5)
-  ap.add_argument('--rows', type=int, default=40)
-  ap.add_argument('--gamma', type=int, default=3)
-  ap.add_argument('--max_len', type=int, default=64)
-  ap.add_argument('--sizes', default='small,base', help='T5 v1.1 sizes for part 3 ("" = none)')
-  args = ap.parse_args(argv)
+def measure(args, script: str) -> dict:
+  """The call costs, the interleaved decodes and the T5 v1.1 sizes' costs of every mode."""
   target, draft = evaluation.load_model('demo_target'), evaluation.load_model('demo_draft_m')
   enc, _, _ = demo_data.load_task('ende', args.rows)
   verify = f't_verify_{args.gamma + 1}'
@@ -100,24 +92,31 @@ def main(argv: Sequence[str], script: str, recorded: Optional[Sequence[str]] = N
     sizes.append(row)
     print(json.dumps(row), flush=True)
 
-  report = harness.Report(script, args, argv if recorded is None else recorded)
-  report.data.update(costs=cost_rows, decodes=results, speculative_speedup=e2e, sizes=sizes,
-                     ar_speedup_packed_vs_xla=results['AR packed']['speedup_vs_ar'])
-  report.write(report.header(
+  return dict(costs=cost_rows, decodes=results, speculative_speedup=e2e, sizes=sizes,
+              ar_speedup_packed_vs_xla=results['AR packed']['speedup_vs_ar'])
+
+
+def render(report: harness.Report) -> List[str]:
+  args, cost_rows, results = argparse.Namespace(**report['args']), report['costs'], report[
+      'decodes']
+  e2e, sizes, verify = report['speculative_speedup'], report['sizes'], f't_verify_{args.gamma + 1}'
+  tokens_per_call = results['speculative packed']['mean_tokens_per_target_call']
+  return (report.header(
       'The packed CPU matmul vs XLA dot (demo family, batch 1, greedy)',
       f'gamma {args.gamma}, cache for max_decode_length {args.max_len}, encoder inputs at '
       f'their length bucket; costs are medians of {args.repeats} interleaved repeats of 32 '
       'calls (timing.call_costs). ideal = tokens per call / (gamma c + r), decoder calls '
       'only, at the speculative run\'s tokens per call '
       f'({tokens_per_call:.2f}).') +
-      harness.table(['matmul', 'target step (ms)', 'draft step (ms)', f'verify {args.gamma + 1} (ms)',
-                     'target prefill (ms)', 'draft prefill (ms)', 'c', 'r', 'ideal'],
+      harness.table(['matmul', 'target step (ms)', 'draft step (ms)',
+                     f'verify {args.gamma + 1} (ms)', 'target prefill (ms)', 'draft prefill (ms)',
+                     'c', 'r', 'ideal'],
                     [[r['mode'], f"{r['t_target_step']:.3f}", f"{r['t_draft_step_m']:.3f}",
                       f"{r[verify]:.3f}", f"{r['t_prefill_target']:.2f}",
                       f"{r['t_prefill_draft_m']:.2f}", f"{r['c']:.3f}", f"{r['r']:.2f}",
                       f"{r['ideal']:.2f}x"] for r in cost_rows], 'lrrrrrrrr') +
-      ['', f'Decoding the first {args.rows} demo EN->DE test sentences one at a time, the {len(fns)} '
-       f'runs interleaved (median of {args.repeats}):', ''] +
+      ['', f'Decoding the first {args.rows} demo EN->DE test sentences one at a time, the '
+       f'{2 * len(MODES)} runs interleaved (median of {args.repeats}):', ''] +
       harness.table(['run', 'seconds', 'speed vs AR xla', 'tokens/call', 'output == AR xla'],
                     [[name, f"{r['seconds']:.3f}", f"{r['speedup_vs_ar']:.2f}x",
                       f"{r['mean_tokens_per_target_call']:.2f}", r['equal_to_ar']]
@@ -135,3 +134,9 @@ def main(argv: Sequence[str], script: str, recorded: Optional[Sequence[str]] = N
                     [[r['size']] + [x for mode in MODES for x in (
                         f"{r[mode]['t_target_step']:.2f}", f"{r[mode][verify]:.2f}",
                         f"{r[f'r_{mode}']:.2f}")] for r in sizes], 'l' + 'rrr' * len(MODES)))
+
+
+main = measurement.Measurement(
+    'cpu_kernels', __doc__, measure, render, repeats=5, prints=False, flags=dict(
+        rows=40, gamma=3, max_len=64,
+        sizes=dict(default='small,base', help='T5 v1.1 sizes for part 3 ("" = none)'))).main

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-from typing import Optional, Sequence
+from typing import List
 from tqdm import tqdm
 
 from specdec_t5x.algorithm import api, batching, sampling, timing
-from specdec_t5x.research.measure import evaluation, speed
+from specdec_t5x.research.measure import evaluation, measurement, speed
 from specdec_t5x.research.results import harness
 
 # HEAD: --head's default, the draft of configs/demo.gin
@@ -89,20 +89,8 @@ def by_length(target, drafts, head, n, max_len, gammas, repeats):
   return groups, covered
 
 
-def main(argv: Sequence[str], script: str, recorded: Optional[Sequence[str]] = None):
-  """Measures with this module's flags `argv` and writes the report; `script` is the entry
-  point (scripts/compare_decodes.py: results/ beside it, its name in the command) and
-  `recorded` the command's flags (default argv)."""
-  ap = harness.parser(__doc__, harness.results_path(script, 'feature_draft'), repeats=3)
-  ap.add_argument('--num_examples', type=int, default=32)
-  ap.add_argument('--timed_examples', type=int, default=24)
-  ap.add_argument('--gammas', type=harness.ints, default=[1, 2, 3, 4, 5, 6, 7])
-  ap.add_argument('--timed_gammas', type=harness.ints, default=[1, 2],
-                  help='gammas of the timed part (1: configs/demo.gin\'s)')
-  ap.add_argument('--temperatures', type=harness.floats, default=[0.0, 1.0])
-  ap.add_argument('--max_len', type=int, default=64)
-  ap.add_argument('--head', default=HEAD, help='the feature head (a checkpoints/demo model)')
-  args = ap.parse_args(argv)
+def measure(args, script: str) -> dict:
+  """The acceptance rows, the call costs and the timed groups by output length."""
   head = args.head
   target = evaluation.load_model(TARGET)
   tasks = ['ende', 'summarize']
@@ -119,11 +107,16 @@ def main(argv: Sequence[str], script: str, recorded: Optional[Sequence[str]] = N
                                       cache_len=args.max_len + max(args.timed_gammas) + 1))
   groups, covered = by_length(target, drafts['ende'], head, args.timed_examples, args.max_len,
                               args.timed_gammas, args.repeats)
-  report = harness.Report(script, args, argv if recorded is None else recorded)
   c = {name: cost[f't_draft_step_{name}'] / cost['t_target_step'] for name in (head, DRAFT)}
   vocab = drafts['ende'][head][0].config.output_vocab_size
-  report.data.update(acceptance=rows, costs_s=cost, c=c, by_length=groups,
-                     head_output_vocab=vocab, head_vocab_covers_ar_tokens=covered)
+  return dict(acceptance=rows, costs_s=cost, c=c, by_length=groups,
+              head_output_vocab=vocab, head_vocab_covers_ar_tokens=covered)
+
+
+def render(report: harness.Report) -> List[str]:
+  args, cost, c, groups = report['args'], report['costs_s'], report['c'], report['by_length']
+  head, vocab, covered = args['head'], report['head_output_vocab'], report[
+      'head_vocab_covers_ar_tokens']
   md = report.header(
       'A draft head that reads the target vs a small draft model (demo family)',
       f'Target {TARGET}; drafts {head} (one layer over the target\'s features, no encoder) '
@@ -131,14 +124,14 @@ def main(argv: Sequence[str], script: str, recorded: Optional[Sequence[str]] = N
       + ', '.join(f'{k} {v:.3f}' for k, v in c.items()) + '; the head\'s first call of a '
       'step (gamma + 1 positions, one kept): ' + ', '.join(
           f"{cost[f't_head_first_call_{g + 1}'] / cost['t_target_step']:.3f} (gamma {g})"
-          for g in args.timed_gammas) + f' target steps. The head\'s logits cover {vocab} '
+          for g in args['timed_gammas']) + f' target steps. The head\'s logits cover {vocab} '
       f'token ids, {covered:.1%} of the timed inputs\' autoregressive output tokens.')
-  md += ['## Acceptance (first %d test inputs per task)' % args.num_examples, '']
+  md += ['## Acceptance (first %d test inputs per task)' % args['num_examples'], '']
   md += harness.table(
       ['task', 't', 'draft', 'gamma', 'alpha', 'alpha_1', 'tokens / target call'],
       [[r['task'], r['temperature'], r['draft'], r['gamma'], f"{r['alpha']:.3f}",
-        harness.fmt(r['alpha_1'], '.3f'), f"{r['tokens_per_target_call']:.2f}"] for r in rows],
-      'lrlrrrr')
+        harness.fmt(r['alpha_1'], '.3f'), f"{r['tokens_per_target_call']:.2f}"]
+       for r in report['acceptance']], 'lrlrrrr')
   md += ['', '## Walltime speedup by output length (EN->DE, greedy, batch 1)', '']
   md += harness.table(
       ['AR output tokens', 'costs at input (bucket)', 'draft', 'gamma', 'tokens / call', 'c',
@@ -154,5 +147,14 @@ def main(argv: Sequence[str], script: str, recorded: Optional[Sequence[str]] = N
          'from the call costs of the group\'s median-length input (its length bucket: the '
          'encoder output every call cross-attends to), speed.sweep; efficiency = measured / '
          'ideal.']
-  report.write(md)
-  print('\n'.join(md))
+  return md
+
+
+main = measurement.Measurement(
+    'feature_draft', __doc__, measure, render, repeats=3, flags=dict(
+        num_examples=32, timed_examples=dict(type=int, default=24),
+        gammas=dict(type=harness.ints, default=[1, 2, 3, 4, 5, 6, 7]),
+        timed_gammas=dict(type=harness.ints, default=[1, 2],
+                          help='gammas of the timed part (1: configs/demo.gin\'s)'),
+        temperatures=[0.0, 1.0], max_len=64,
+        head=dict(default=HEAD, help='the feature head (a checkpoints/demo model)'))).main

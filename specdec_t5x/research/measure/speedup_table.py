@@ -27,7 +27,7 @@ from typing import List, Optional, Sequence
 from tqdm import tqdm
 
 from specdec_t5x.integration import infer
-from specdec_t5x.research.measure import demo_data, evaluation, speed
+from specdec_t5x.research.measure import demo_data, evaluation, measurement, speed
 from specdec_t5x.research.results import harness
 
 
@@ -52,8 +52,8 @@ def run_gin(args, gammas):
   cost = speed.costs(run['target'], drafts, run['enc'], gammas, args.cost_calls,
                          args.cost_repeats, max_len=run['max_len'])
   bar.update(1)
-  res = speed.sweep(run['target'], drafts, run['enc'], run['max_len'], gammas, run['config'].sampling,
-                         cost, args.repeats, args.seed, run['eos_id'])
+  res = speed.sweep(run['target'], drafts, run['enc'], run['max_len'], gammas,
+                    run['config'].sampling, cost, args.repeats, args.seed, run['eos_id'])
   bar.update(1)
   bar.close()
   return [{'task': run['task'], 'temperature': run['config'].temperature, 'costs_s': cost, **res}]
@@ -124,33 +124,28 @@ def plot(report: harness.Report) -> List[str]:
   return paths
 
 
-def main(argv: Sequence[str], script: str, recorded: Optional[Sequence[str]] = None):
-  """Measures with this module's flags `argv` and writes the report; `script` is the entry
-  point (scripts/compare_decodes.py: results/ beside it, its name in the command) and
-  `recorded` the command's flags (default argv)."""
-  ap = harness.parser(__doc__, harness.results_path(script, 'speedup_demo'), repeats=3)
-  ap.add_argument('--gin_file', action='append', default=[])
-  ap.add_argument('--gin_bindings', action='append', default=[])
-  ap.add_argument('--target', default='demo_target')
-  ap.add_argument('--drafts', default='demo_draft_m,demo_draft_s,bigram')
-  ap.add_argument('--tasks', default='ende,summarize')
-  ap.add_argument('--temperatures', default='0,1', type=harness.floats)
-  ap.add_argument('--gammas', default=None, help='comma-separated; default 1..7 (gin: GAMMA)')
-  ap.add_argument('--num_examples', type=int, default=20)
-  ap.add_argument('--max_len', type=int, default=64)
-  ap.add_argument('--cost_calls', type=int, default=32, help='decoder calls per cost timing')
-  ap.add_argument('--cost_repeats', type=int, default=7, help='interleaved cost repeats')
-  ap.add_argument('--seed', type=int, default=0)
-  ap.add_argument('--alpha_json', default=harness.results_path(script, 'alpha_demo.json'),
-                  help='measure_alpha output; its alpha drives theory (else: fit)')
-  args = ap.parse_args(infer.rewrite_gin_args(list(argv)))
+def measure(args, script: str) -> dict:
+  """The groups of the gin file's run or of the demo family's cells."""
   gammas = harness.ints(args.gammas) if args.gammas else None
-  report = harness.Report(script, args, argv if recorded is None else recorded)
   if args.gin_file:
-    report['groups'] = run_gin(args, gammas)
-  else:
-    report['groups'] = run_demo(args, gammas or list(range(1, 8)))
-  text = report.write(render(report))
-  report['plots'] = plot(report)
-  print(text)
-  return report.data
+    return dict(groups=run_gin(args, gammas))
+  return dict(groups=run_demo(args, gammas or list(range(1, 8))))
+
+
+MEASUREMENT = measurement.Measurement(
+    'speedup_demo', __doc__, measure, render, repeats=3,
+    after=lambda report: report.data.update(plots=plot(report)), flags=dict(
+        gin_file=dict(action='append', default=[]),
+        gin_bindings=dict(action='append', default=[]), target='demo_target',
+        drafts='demo_draft_m,demo_draft_s,bigram', tasks='ende,summarize', temperatures='0,1',
+        gammas=dict(default=None, help='comma-separated; default 1..7 (gin: GAMMA)'),
+        num_examples=20, max_len=64,
+        cost_calls=dict(type=int, default=32, help='decoder calls per cost timing'),
+        cost_repeats=dict(type=int, default=7, help='interleaved cost repeats'), seed=0,
+        alpha_json=measurement.alpha_json))
+
+
+def main(argv: Sequence[str], script: str, recorded: Optional[Sequence[str]] = None):
+  """MEASUREMENT.main with the --gin.NAME=VALUE flags rewritten to --gin_bindings."""
+  return MEASUREMENT.main(infer.rewrite_gin_args(list(argv)), script,
+                          argv if recorded is None else recorded)

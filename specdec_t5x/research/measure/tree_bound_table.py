@@ -23,21 +23,21 @@ from __future__ import annotations
 
 import json
 import os
-from typing import List, Optional, Sequence
+from typing import List
 
 import numpy as np
 from tqdm import tqdm
 
 from specdec_t5x.algorithm import batching, sampling
-from specdec_t5x.research.measure import compare, evaluation, tree_bound
+from specdec_t5x.research.measure import compare, evaluation, measurement, tree_bound
 from specdec_t5x.research.results import harness
 
 
-def measure(args, tree_json: str) -> dict:
-  """The cells of every (task, draft), with results/tree.json's (`tree_json`) greedy decodes
-  replayed beside them."""
+def measure(args, script: str) -> dict:
+  """The cells of every (task, draft), with results/tree.json's (beside the entry point
+  `script`) greedy decodes replayed beside them."""
   target = evaluation.load_model('demo_target')
-  measured, cells = _measured(tree_json), []
+  measured, cells = _measured(harness.results_path(script, 'tree') + '.json'), []
   jobs = [(task, d) for task in args.tasks.split(',') for d in args.drafts.split(',')]
   bar = tqdm(total=len(jobs), desc='ranks', unit='pair')
   for task in args.tasks.split(','):
@@ -197,23 +197,10 @@ def _mixed_cell(mixed, chain: float) -> str:
           f"b{s['ngram_branch']}, {mixed['tokens_per_call'] / chain:.3f}x)")
 
 
-def main(argv: Sequence[str], script: str, recorded: Optional[Sequence[str]] = None):
-  """Measures with this module's flags `argv` and writes the report; `script` is the entry
-  point (scripts/compare_decodes.py: results/ beside it, its name in the command) and
-  `recorded` the command's flags (default argv)."""
-  ap = harness.parser(__doc__, harness.results_path(script, 'tree_bound'))
-  ap.add_argument('--drafts', default='demo_draft_m,demo_draft_s')
-  ap.add_argument('--tasks', default='ende,summarize')
-  ap.add_argument('--ngram', default='bigram', choices=evaluation.NGRAMS,
-                  help="the n-gram table (checkpoints/demo/<ngram>_<task>.npz) whose greedy "
-                  "continuation is the mixed trees' third branch")
-  ap.add_argument('--num_examples', type=int, default=64)
-  ap.add_argument('--max_len', type=int, default=48)
-  ap.add_argument('--max_input_len', type=int, default=128)
-  ap.add_argument('--max_nodes', type=int, default=8)
-  ap.add_argument('--search_nodes', type=int, default=5)
-  args = ap.parse_args(argv)
-  report = harness.Report(script, args, argv if recorded is None else recorded)
-  report.data.update(measure(args, harness.results_path(script, 'tree') + '.json'))
-  print(report.write(render(report)))
-  return report.data
+main = measurement.Measurement('tree_bound', __doc__, measure, render, flags=dict(
+    drafts='demo_draft_m,demo_draft_s', tasks='ende,summarize',
+    ngram=dict(default='bigram', choices=evaluation.NGRAMS,
+               help="the n-gram table (checkpoints/demo/<ngram>_<task>.npz) whose greedy "
+               "continuation is the mixed trees' third branch"),
+    num_examples=64, max_len=48, max_input_len=128, max_nodes=dict(type=int, default=8),
+    search_nodes=dict(type=int, default=5))).main

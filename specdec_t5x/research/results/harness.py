@@ -48,6 +48,17 @@ def parser(doc: Optional[str], out: str, repeats: Optional[int] = None,
   return ap
 
 
+def add_flags(ap: argparse.ArgumentParser, table: Dict[str, Dict[str, Any]],
+              chosen: Dict[str, Any]) -> argparse.ArgumentParser:
+  """Adds the flags of `chosen`, {name: its default, or a dict of argparse settings}, each
+  over `table[name]`'s settings (the one definition of a flag that several scripts share,
+  each with its own default; a name not in `table` is a script's own flag)."""
+  for name, value in chosen.items():
+    settings = value if isinstance(value, dict) else {'default': value}
+    ap.add_argument(f'--{name}', **dict(table.get(name, {}), **settings))
+  return ap
+
+
 def ints(text: str) -> List[int]:
   """'1,2,4' -> [1, 2, 4] (empty items skipped)."""
   return [int(x) for x in text.split(',') if x.strip()]
