@@ -12,7 +12,7 @@ import pytest
 
 from conftest import load_script, random_inputs
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.research.measure import loop_profile, reference, speed
+from specdec_t5x.research.measure import grid, loop_profile, reference
 
 
 _PROGRAM = '''
@@ -41,15 +41,15 @@ ENTRY %main (a: f32[1,8]) -> f32[1,8] {
 
 
 def _record_decoders(monkeypatch):
-  """The list every speed.Decoder the script makes joins (its tokens and iterations are
+  """The list every grid.Decoder the script makes joins (its tokens and iterations are
   read after the run)."""
   made = []
 
-  class Recorded(speed.Decoder):
+  class Recorded(grid.Decoder):
     def __post_init__(self):
       super().__post_init__()
       made.append(self)
-  monkeypatch.setattr(speed, 'Decoder', Recorded)
+  monkeypatch.setattr(grid, 'Decoder', Recorded)
   return made
 
 
@@ -209,8 +209,8 @@ def test_batched_decoder_rows_equal_their_batch_of_one_decodes(target_and_draft)
   target, draft = target_and_draft
   enc = random_inputs(4, 9, 40, seed=3)
   config = DecodeConfig(gamma=3)
-  one = speed.Decoder(target, draft, enc, 10, config)
-  two = speed.Decoder(target, draft, enc, 10, config, batch=2)
+  one = grid.Decoder(target, draft, enc, 10, config)
+  two = grid.Decoder(target, draft, enc, 10, config, batch=2)
   one(), two()
   for a, b in zip(one.tokens, two.tokens):
     np.testing.assert_array_equal(a, b)
@@ -218,4 +218,4 @@ def test_batched_decoder_rows_equal_their_batch_of_one_decodes(target_and_draft)
   assert one.iterations == int(np.asarray(one.stats['target_calls']).sum())
   assert max(calls) <= two.iterations <= calls.sum()
   with pytest.raises(ValueError, match='batches of 3'):
-    speed.Decoder(target, draft, enc, 10, config, batch=3)
+    grid.Decoder(target, draft, enc, 10, config, batch=3)
