@@ -62,7 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_t5x.algorithm import api, batching, network, sampling, theory, timing
-from specdec_t5x.research.measure import demo_data, evaluation, speed, t5x_reference
+from specdec_t5x.research.measure import demo_data, evaluation, grid, speed, t5x_reference
 from specdec_t5x.research.predict import device_tables, paper
 from specdec_t5x.research.results import harness
 
@@ -161,17 +161,15 @@ def part_costs(args, models, enc) -> Dict[str, Any]:
   gammas = harness.ints(args.gammas) + [row.gamma for row in paper.TABLE_2]
   cache_len = args.max_len + max(gammas) + 1
   ks = {size: verify_ks(args) if size == args.target else harness.ints(args.ks) for size in models}
-  specs = {f'{size}/{k}': (module, params, k) for size, (_, module, params) in models.items()
-           for k in ks[size]}
-  calls = timing.call_costs(specs, enc, args.cost_calls, args.cost_repeats, cache_len)
+  timed = grid.call_seconds({size: (module, params, ks[size])
+                             for size, (_, module, params) in models.items()},
+                            enc, args.cost_calls, args.cost_repeats, cache_len)
   sizes = {}
-  for size, (cfg, module, params) in models.items():
-    t = {k: calls[f'{size}/{k}'] for k in ks[size]}
-    sizes[size] = {
-        'config': str(cfg), 'num_params': num_params(params),
-        'prefill_s': timing.prefill_cost(module, params, enc, cache_len,
-                                               args.cost_repeats),
-        'call_s': t, 'call_ratio_to_k1': {k: v / t[1] for k, v in t.items()}}
+  for size, (cfg, _, params) in models.items():
+    t = timed[size]['call_s']
+    sizes[size] = {'config': str(cfg), 'num_params': num_params(params),
+                   'prefill_s': timed[size]['prefill_s'], 'call_s': t,
+                   'call_ratio_to_k1': {k: v / t[1] for k, v in t.items()}}
   target = sizes[args.target]['call_s']
   pairs = {size: {'c': sizes[size]['call_s'][1] / target[1]}
            for size in models if size != args.target}

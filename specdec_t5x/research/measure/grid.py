@@ -5,7 +5,8 @@ loop_efficiency, speedup_ceiling, device_report).
 `time_grid` builds a row decoder (`Decoder`) for AR and for every (draft, gamma) at one
 temperature and times them all interleaved with harness.interleaved, the only timer;
 `costs` times a target step, each draft's step and every verify call (timing.call_costs,
-chained calls, interleaved rounds) and the prefill of the first batch;
+chained calls, interleaved rounds) and the prefill of the first batch; `call_seconds` the
+calls of k positions of several models (cpu_cost_curve, device_report);
 `prefill_per_sequence` the mean prefill over many rows.
 """
 
@@ -152,6 +153,22 @@ def costs(target: ModelAndParams, drafts_: Dict[str, ModelAndParams], enc: np.nd
   return out
 
 
+def call_seconds(models: Dict[str, Tuple[Any, Any, Sequence[int]]], enc, num_calls: int,
+                 repeats: int, cache_len: int, prefill: bool = True) -> Dict[str, Dict[str, Any]]:
+  """Per name of (module, params, ks): 'call_s' {k: seconds of one cached call over k
+  positions} (timing.call_costs, every model's calls interleaved in the same rounds) and,
+  with `prefill`, 'prefill_s' (timing.prefill_cost at `cache_len`)."""
+  specs = {f'{name}/{k}': (module, params, k) for name, (module, params, ks) in models.items()
+           for k in ks}
+  calls = timing.call_costs(specs, enc, num_calls, repeats, cache_len)
+  out = {}
+  for name, (module, params, ks) in models.items():
+    out[name] = {'call_s': {k: calls[f'{name}/{k}'] for k in ks}}
+    if prefill:
+      out[name]['prefill_s'] = timing.prefill_cost(module, params, enc, cache_len, repeats)
+  return out
+
+
 def prefill_per_sequence(model: ModelAndParams, rows: Sequence[np.ndarray], cache_len: int,
                          repeats: int = 5) -> float:
   """Mean prefill seconds (timing.prefill_cost) over `rows` (each a batch at its length
@@ -175,7 +192,8 @@ def ideal_end_to_end(num_sequences: int, ar_calls: float, spec_calls: float, gam
   never fed) instead of g one-token calls.
   """
   pre_t, pre_d = cost['t_prefill_target'], cost[f't_prefill_draft_{draft}']
-  t_t, t_d, t_v = cost['t_target_step'], cost[f't_draft_step_{draft}'], cost[f't_verify_{gamma + 1}']
+  t_t, t_d = cost['t_target_step'], cost[f't_draft_step_{draft}']
+  t_v = cost[f't_verify_{gamma + 1}']
   drafting = gamma * t_d
   if refeed:
     drafting = cost[f't_draft_refeed_{draft}'] + (gamma - 1) * t_d

@@ -27,8 +27,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import api, batching
-from specdec_t5x.algorithm.cpu import packing
+from tqdm import tqdm
+
+from specdec_t5x.algorithm import api, batching, network, timing
+from specdec_t5x.algorithm.cpu import modes, packing
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.research.measure import grid, hlo_loops, loop_ladder, loop_profile
 
@@ -109,3 +111,43 @@ def measure(target: ModelAndParams, drafts: Dict[str, ModelAndParams], enc: np.n
       group['rows'].append(row)
     out['groups'].append(group)
   return out
+
+
+def by_matmul(matmuls: Sequence[str], *args: Any, **kwargs: Any) -> Dict[str, Any]:
+  """`measure` once per matmul ('packed': the CPU kernel; 'xla': XLA's dot) as the default
+  kernel mode, the JIT's programs cleared between them."""
+  out = {}
+  for matmul in tqdm(matmuls, desc='loop efficiency', unit='matmul'):
+    jax.clear_caches()  # ~80 programs per matmul: freeing them keeps the JIT's mappings in bounds
+    with modes.default_mode_as('packed' if matmul == 'packed' else 'xla'):
+      out[matmul] = measure(*args, **kwargs)
+  return out
+
+
+def tiny_models():
+  """A tiny random target (emb 32, 2 decoder layers), drafts {'small': a smaller one,
+  'self': the target}, and 2 random inputs of 10 tokens (the test's models)."""
+  def model(emb, layers, seed):
+    cfg = network.T5Config(vocab_size=128, emb_dim=emb, num_heads=2, num_encoder_layers=1,
+                           num_decoder_layers=layers, head_dim=8, mlp_dim=2 * emb,
+                           mlp_activations=('gelu', 'linear'), dropout_rate=0.0)
+    module = network.Transformer(cfg)
+    return module, timing.random_params(module, seed, dtype=np.float32)
+  target = model(32, 2, 0)
+  enc = np.random.RandomState(0).randint(2, 128, size=(2, 10)).astype(np.int32)
+  return target, {'small': model(16, 1, 1), 'self': target}, enc
+
+
+def random_t5_1_1(size: str, num_examples: int):
+  """A random-weight T5 v1.1 target of `size`, a small random draft of its vocabulary, and
+  random inputs (24 tokens): the accounting at a real model's shapes."""
+  def model(cfg, seed):  # float32 weights of bfloat16 values, as a T5X checkpoint restores
+    module = network.Transformer(cfg)
+    params = timing.random_params(module, seed, dtype=jnp.bfloat16)
+    return module, jax.tree_util.tree_map(lambda x: x.astype(jnp.float32), params)
+  target = model(network.t5_1_1_config(size), 0)
+  draft = model(network.t5_1_1_config(size, emb_dim=256, num_heads=4, num_encoder_layers=2,
+                                      num_decoder_layers=2, mlp_dim=1024), 1)
+  vocab = target[0].config.vocab_size
+  enc = np.random.RandomState(0).randint(2, vocab, size=(num_examples, 24)).astype(np.int32)
+  return target, {'random_small': draft, 'self': target}, enc

@@ -17,21 +17,22 @@ import numpy as np
 from specdec_t5x.algorithm import api, batching, sampling, theory
 from specdec_t5x.algorithm import stats as stats_lib
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.research.measure import batched, evaluation, grid, timed_rows
-from specdec_t5x.research.measure.grid import Decoder, costs, ideal_end_to_end  # pylint: disable=unused-import
+from specdec_t5x.research.measure import batched, evaluation, grid
 from specdec_t5x.research.results import harness
 
 ModelAndParams = Tuple[Any, Any]
+# Re-exported: the row decoder and call costs many measurements take from here.
+Decoder, costs, ideal_end_to_end = grid.Decoder, grid.costs, grid.ideal_end_to_end
 
 
-def _rows(grid_: grid.Grid, timed: Dict[str, timed_rows.Timed], name: str,
-          cost: Dict[str, float], alpha: Optional[float]) -> List[Dict[str, Any]]:
+def _rows(grid_: grid.Grid, name: str, cost: Dict[str, float],
+          alpha: Optional[float]) -> List[Dict[str, Any]]:
   t_t, t_d = cost['t_target_step'], cost[f't_draft_step_{name}']
-  ar, rows = grid_.ar, []
+  ar, med, rows = grid_.ar, grid_.median, []
   for (draft, g), dec in grid_.decoders.items():
     if draft != name:
       continue
-    s, spec = dec.stats, timed[grid.key(name, g)]
+    s, seconds = dec.stats, med[grid.key(name, g)]
     tpc = dec.tokens_per_target_call
     t_v = cost[f't_verify_{g + 1}']
     fit = theory.alpha_from_tokens_per_call(tpc, g)
@@ -56,10 +57,10 @@ def _rows(grid_: grid.Grid, timed: Dict[str, timed_rows.Timed], name: str,
         'efficiency_end_to_end': None if e2e is None else measured / e2e,
         'speedup_theory': float(theory.walltime_improvement_measured(
             fit if alpha is None else alpha, g, t_d, t_t, t_v)),
-        'time_ratio': spec.speedup_vs_ar,
+        'time_ratio': med['ar'] / seconds,
         'same_tokens_as_ar': int(sum(np.array_equal(a, b) for a, b in
                                      zip(ar.tokens, dec.tokens))),
-        'spec_seconds_median': spec.seconds})
+        'spec_seconds_median': seconds})
   return rows
 
 
@@ -103,12 +104,11 @@ def sweep(target: ModelAndParams, drafts_: Dict[str, ModelAndParams], enc: np.nd
   """
   grid_ = grid.time_grid(target, drafts_, enc, max_len, gammas, DecodeConfig.from_sampling(cfg),
                          repeats, seed=seed, eos_id=eos_id)
-  timed = {t.name: t for t in timed_rows.timed(grid_.timings, 'ar')}
-  out = {'ar_seconds_median': timed['ar'].seconds, 'ar_tokens': grid_.ar.generated_tokens,
+  out = {'ar_seconds_median': grid_.median['ar'], 'ar_tokens': grid_.ar.generated_tokens,
          'raw_times_s': grid_.timings.seconds, 'drafts': {}}
   for name in drafts_:
     alpha = (alphas or {}).get(name)
-    rows = _rows(grid_, timed, name, cost, alpha)
+    rows = _rows(grid_, name, cost, alpha)
     out['drafts'][name] = {'rows': rows, 'alpha_source': 'fit' if alpha is None else 'given',
                            **_choice(rows, cost, name, alpha)}
   return out
