@@ -219,3 +219,23 @@ def test_batched_decoder_rows_equal_their_batch_of_one_decodes(target_and_draft)
   assert max(calls) <= two.iterations <= calls.sum()
   with pytest.raises(ValueError, match='batches of 3'):
     grid.Decoder(target, draft, enc, 10, config, batch=3)
+
+
+def test_grid_rows_hold_each_decodes_median_tokens_per_call_and_speedup(target_and_draft):
+  """grid.time_grid: AR and every (draft, gamma) timed interleaved; each row's median
+  seconds, tokens per target call and per-token speedup are those of its timings and
+  decoder, and the speedup's interval comes from the repeats' pairs."""
+  target, draft = target_and_draft
+  timed = grid.time_grid(target, {'d': draft}, random_inputs(2, 9, 40, seed=4), 8, [1, 2],
+                         repeats=2)
+  assert list(timed.timings.seconds) == ['ar', 'd_g1', 'd_g2']
+  assert all(len(s) == 2 for s in timed.timings.seconds.values())
+  for row in timed.rows():
+    dec = timed.decoders[('d', row['gamma'])]
+    assert row['seconds'] == timed.median[grid.key('d', row['gamma'])]
+    assert row['tokens_per_target_call'] == dec.generated_tokens / float(
+        dec.stats['target_calls'].sum())
+    assert row['speedup'] == pytest.approx(
+        timed.median['ar'] / timed.ar.generated_tokens / (row['seconds'] / dec.generated_tokens))
+    lo, hi = row['speedup_ci95']
+    assert lo <= hi

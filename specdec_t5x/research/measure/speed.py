@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from specdec_t5x.algorithm import api, batching, sampling, theory
@@ -28,18 +27,17 @@ Decoder, costs, ideal_end_to_end = grid.Decoder, grid.costs, grid.ideal_end_to_e
 def _rows(grid_: grid.Grid, name: str, cost: Dict[str, float],
           alpha: Optional[float]) -> List[Dict[str, Any]]:
   t_t, t_d = cost['t_target_step'], cost[f't_draft_step_{name}']
-  ar, med, rows = grid_.ar, grid_.median, []
-  for (draft, g), dec in grid_.decoders.items():
-    if draft != name:
-      continue
-    s, seconds = dec.stats, med[grid.key(name, g)]
-    tpc = dec.tokens_per_target_call
+  ar, rows = grid_.ar, []
+  for timed in (r for r in grid_.rows() if r['draft'] == name):
+    g, seconds, tpc = timed['gamma'], timed['seconds'], timed['tokens_per_target_call']
+    dec = grid_.decoders[(name, g)]
+    s = dec.stats
     t_v = cost[f't_verify_{g + 1}']
     fit = theory.alpha_from_tokens_per_call(tpc, g)
     ideal = float(theory.ideal_speedup(min(max(tpc, 1.0), g + 1), g, t_d, t_t, t_v))
     # Per generated token: when sampling, speculative and AR outputs differ in length.
     ar_tokens, spec_tokens = ar.generated_tokens, dec.generated_tokens
-    measured = grid_.speedup(name, g)
+    measured = timed['speedup']
     e2e = None
     if 't_prefill_target' in cost:
       e2e = ideal_end_to_end(len(dec.enc), float(ar.stats['target_calls'].sum()),
@@ -57,7 +55,7 @@ def _rows(grid_: grid.Grid, name: str, cost: Dict[str, float],
         'efficiency_end_to_end': None if e2e is None else measured / e2e,
         'speedup_theory': float(theory.walltime_improvement_measured(
             fit if alpha is None else alpha, g, t_d, t_t, t_v)),
-        'time_ratio': med['ar'] / seconds,
+        'time_ratio': grid_.median['ar'] / seconds,
         'same_tokens_as_ar': int(sum(np.array_equal(a, b) for a, b in
                                      zip(ar.tokens, dec.tokens))),
         'spec_seconds_median': seconds})
