@@ -135,8 +135,8 @@ def costs(target: ModelAndParams, drafts_: Dict[str, ModelAndParams], enc: np.nd
 
   With `max_len`, caches have the decode's own size (max_len + max gamma + 1). The call
   costs' repeats are interleaved. `extra` (name -> (module, params, tokens per call)):
-  more calls timed alike in a second interleaved round after the first (a draft's 2-token
-  catch-up, a head's first call), under their own names.
+  more calls timed alike in a second interleaved round after the prefills (a draft's
+  2-token catch-up, a head's first call), under their own names.
   """
   enc = jnp.asarray(batching.trim_batch(enc[:batch]))
   cache_len = max_len + max(gammas) + 1 if max_len else 0
@@ -144,12 +144,12 @@ def costs(target: ModelAndParams, drafts_: Dict[str, ModelAndParams], enc: np.nd
   specs.update({f't_draft_step_{name}': (*draft, 1) for name, draft in drafts_.items()})
   specs.update({f't_verify_{g + 1}': (*target, g + 1) for g in gammas})
   out = timing.call_costs(specs, enc, num_calls, repeats, cache_len)
-  if extra:
-    out.update(timing.call_costs(extra, enc, num_calls, repeats, cache_len))
   out['t_prefill_target'] = timing.prefill_cost(*target, enc, max(cache_len, 2), repeats)
   for name, draft in drafts_.items():
     out[f't_prefill_draft_{name}'] = timing.prefill_cost(*draft, enc, max(cache_len, 2),
                                                          repeats)
+  if extra:
+    out.update(timing.call_costs(extra, enc, num_calls, repeats, cache_len))
   return out
 
 
