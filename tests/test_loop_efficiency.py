@@ -1,4 +1,5 @@
-"""scripts/loop_efficiency.py at tiny sizes, and research/measure/loop_profile.py's attribution.
+"""scripts/loop_efficiency.py at tiny sizes, research/measure/loop_profile.py's attribution,
+and the timing grid's row decoders and rows (research/measure/grid.py).
 
 The script's greedy decodes are checked against research/measure/reference.py's T5X-style greedy
 loop (written apart from generate()), and its loop iterations against target calls
