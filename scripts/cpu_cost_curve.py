@@ -5,15 +5,15 @@ r"""Where speculative decoding pays on this CPU: what a verify call costs, by mo
       [--ks=1,2,3,4,5,6,7,8] [--repeats=5]
 
 Run from the repository root on an idle machine. For each T5 v1.1-shaped target (demo: the
-demo target's shapes and weights; the others T5 v1.1 small .. xl with random weights and
-one encoder layer: only decoder calls are timed, and the encoder's depth does not change
-them) and each form (parameter dtype : DecodeConfig.cpu_kernels mode), the seconds of one
-cached decoder call of k = 1..8 positions at batch 1 (timing.call_costs: chained calls,
-interleaved rounds, the median; research/measure/cost_curve.py), with the decoder's weight bytes against this machine's
-caches. Then research/predict/ceiling.py on those costs (decode only, i.i.d. acceptance): the
-acceptance that 1.0x, 1.5x and 2x need with a draft that costs nothing and with T5 v1.1
-small as the draft (its one-token call in the same form), and the speedup the paper's
-T5-small draft would give at the paper's EN->DE greedy acceptance (Table 2: 0.75) --
+demo target's shapes and weights; the others T5 v1.1 small .. xl with random weights and one
+encoder layer: only decoder calls are timed, and the encoder's depth does not change them)
+and each form (parameter dtype : DecodeConfig.cpu_kernels mode), the seconds of one cached
+decoder call of k = 1..8 positions at batch 1 (timing.call_costs: chained calls, interleaved
+rounds, the median; research/measure/cost_curve.py), with the decoder's weight bytes against
+this machine's caches. Then research/predict/ceiling.py on those costs (decode only, i.i.d.
+acceptance): the acceptance that 1.0x, 1.5x and 2x need with a draft that costs nothing and
+with T5 v1.1 small as the draft (its one-token call in the same form), and the speedup the
+paper's T5-small draft would give at the paper's EN->DE greedy acceptance (Table 2: 0.75) --
 predictions from measured call costs, not measured decodes.
 
 Each (size, form) cell is saved to {out}.partial.json as it completes, and a rerun with

@@ -296,8 +296,9 @@ def compiled(d):
 
 
 def cost_curve(d):
-  """Per size, a 4-position call (or the largest timed) over a one-token step in the default kernel mode
-  (float32 'packed', else the bfloat16 form timed), and where the paper's pair pays."""
+  """Per size, a 4-position call (or the largest timed) over a one-token step in the
+  default kernel mode (float32 'packed', else the bfloat16 form timed), and where the
+  paper's pair pays."""
   by_size: Dict[str, Dict[str, Any]] = {}
   for c in d['cells']:
     if c['mode'] in ('packed', 'packed_bf16') and (c['mode'] == 'packed'
