@@ -5,15 +5,15 @@ r"""Where speculative decoding pays on this CPU: what a verify call costs, by mo
       [--ks=1,2,3,4,5,6,7,8] [--repeats=5]
 
 Run from the repository root on an idle machine. For each T5 v1.1-shaped target (demo: the
-demo target's shapes and weights; the others T5 v1.1 small .. xl with random weights and
-one encoder layer: only decoder calls are timed, and the encoder's depth does not change
-them) and each form (parameter dtype : DecodeConfig.cpu_kernels mode), the seconds of one
-cached decoder call of k = 1..8 positions at batch 1 (timing.call_costs: chained calls,
-interleaved rounds, the median), with the decoder's weight bytes against this machine's
-caches. Then research/predict/ceiling.py on those costs (decode only, i.i.d. acceptance): the
-acceptance that 1.0x, 1.5x and 2x need with a draft that costs nothing and with T5 v1.1
-small as the draft (its one-token call in the same form), and the speedup the paper's
-T5-small draft would give at the paper's EN->DE greedy acceptance (Table 2: 0.75) --
+demo target's shapes and weights; the others T5 v1.1 small .. xl with random weights and one
+encoder layer: only decoder calls are timed, and the encoder's depth does not change them)
+and each form (parameter dtype : DecodeConfig.cpu_kernels mode), the seconds of one cached
+decoder call of k = 1..8 positions at batch 1 (timing.call_costs: chained calls, interleaved
+rounds, the median; research/measure/cost_curve.py), with the decoder's weight bytes against
+this machine's caches. Then research/predict/ceiling.py on those costs (decode only, i.i.d.
+acceptance): the acceptance that 1.0x, 1.5x and 2x need with a draft that costs nothing and
+with T5 v1.1 small as the draft (its one-token call in the same form), and the speedup the
+paper's T5-small draft would give at the paper's EN->DE greedy acceptance (Table 2: 0.75) --
 predictions from measured call costs, not measured decodes.
 
 Each (size, form) cell is saved to {out}.partial.json as it completes, and a rerun with
@@ -22,95 +22,11 @@ the same flags resumes from it. Writes results/cpu_cost_curve.{json,md,png}.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
-from typing import Any, Dict, List, Optional
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-
-from specdec_t5x.algorithm import network, timing
-from specdec_t5x.algorithm.cpu import modes
-from specdec_t5x.integration import random_init, run_dir
-from specdec_t5x.research.predict import ceiling, paper
-from specdec_t5x.research.measure import evaluation
+from specdec_t5x.research.measure import cost_curve
+from specdec_t5x.research.measure.cost_curve import CACHE_LEN, ENC_LEN, PAPER_SMALL_ALPHA, SPEEDUPS
 from specdec_t5x.research.results import harness
-
-SPEEDUPS = (1.0, 1.5, 2.0)
-CACHE_LEN = 64 + 9  # a decode of 64 tokens at gamma up to 8
-ENC_LEN = 32
-PAPER_SMALL_ALPHA = next(r.alpha for r in paper.TABLE_2
-                         if (r.task, r.draft, r.temperature) == ('EnDe', 'small', 0))
-
-
-def model(size: str, dtype: str):
-  """(module, params in `dtype`) of a target size: 'demo' (the committed demo target) or a
-  T5 v1.1 size with random weights and one encoder layer."""
-  if size == 'demo':
-    module, params = evaluation.load_model('demo_target')
-    config = dataclasses.replace(module.config, dtype=dtype)
-    params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), params)
-  else:
-    config = network.t5_1_1_config(size, num_encoder_layers=1, dtype=dtype)
-    params = random_init.init_params(network.Transformer(config), jax.random.PRNGKey(0),
-                                     dtype=dtype)
-  return network.Transformer(config), params
-
-
-def decoder_bytes(params) -> int:
-  """Bytes a decode step reads: every parameter but the encoder's."""
-  return sum(x.size * x.dtype.itemsize for path, x in
-             jax.tree_util.tree_flatten_with_path(params)[0]
-             if 'encoder' not in jax.tree_util.keystr(path))
-
-
-def calls_for(nbytes: int) -> int:
-  """Chained calls per timed round: fewer for larger models (a round stays ~1 s)."""
-  return 32 if nbytes < 1e8 else 8 if nbytes < 1e9 else 3
-
-
-def measure(size: str, dtype: str, mode: str, ks: List[int], repeats: int) -> Dict[str, Any]:
-  module, params = model(size, dtype)
-  nbytes = decoder_bytes(params)
-  enc = jnp.asarray(np.random.default_rng(0).integers(2, 100, (1, ENC_LEN)), jnp.int32)
-  with modes.default_mode_as(mode):
-    seconds = timing.call_costs({f'k{k}': (module, params, k) for k in ks}, enc,
-                                calls_for(nbytes), repeats, cache_len=CACHE_LEN)
-  del params
-  return dict(size=size, dtype=dtype, mode=mode, decoder_bytes=nbytes,
-              seconds={k: seconds[f'k{k}'] for k in ks})
-
-
-def analyse(cell: Dict[str, Any], draft: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-  """ceiling.py at this cell's costs: alpha needed per speedup (free draft; T5 v1.1 small
-  as the draft when given) and the best speedup at the paper's small-draft alpha."""
-  sec = cell['seconds']
-  step, verify = sec[1], {k: v for k, v in sec.items() if k >= 2}
-  out = {'verify_over_step': {k: v / step for k, v in verify.items()}}
-  drafts = {'free draft': 0.0}
-  if draft is not None:
-    drafts['T5 v1.1 small'] = draft['seconds'][1]
-    out['c_small'] = drafts['T5 v1.1 small'] / step
-  for name, t_draft in drafts.items():
-    costs = ceiling.Costs.from_calls(step, verify, t_draft)
-    gamma, best = ceiling.best(costs, PAPER_SMALL_ALPHA)
-    out[name] = dict(alpha_needed={f'{s:g}x': ceiling.alpha_needed(costs, s) for s in SPEEDUPS},
-                     at_paper_alpha=dict(gamma=gamma, speedup=best))
-  return out
-
-
-def _load_partial(path: str, args) -> List[Dict[str, Any]]:
-  if not os.path.exists(path):
-    return []
-  with open(path, encoding='utf-8') as f:
-    saved = json.load(f)
-  if saved.get('ks') != args.ks:
-    return []
-  for cell in saved['cells']:  # JSON made the call sizes strings
-    cell['seconds'] = {int(k): v for k, v in cell['seconds'].items()}
-  return saved['cells']
 
 
 def main(argv=None):
@@ -126,26 +42,8 @@ def main(argv=None):
     raise ValueError('--ks needs 1 (the one-token step) and at least one verify size.')
   forms = [tuple(f.split(':')) for f in args.forms.split(',')]
   partial = args.out + '.partial.json'
-  cells = _load_partial(partial, args)
-  for size in args.sizes.split(','):
-    for dtype, mode in forms:
-      if any((c['size'], c['dtype'], c['mode']) == (size, dtype, mode) for c in cells):
-        continue
-      if dtype == 'float32' and size not in args.float32_sizes.split(','):
-        continue
-      cells.append(measure(size, dtype, mode, args.ks, args.repeats))
-      c = cells[-1]
-      print(f"{size} {dtype}/{mode}: step {c['seconds'][1] * 1e3:.2f} ms, "
-            + ' '.join(f'{k}:{v / c["seconds"][1]:.2f}' for k, v in c['seconds'].items()),
-            flush=True)
-      run_dir.write_atomic(partial, json.dumps(dict(ks=args.ks, cells=cells), default=float))
-  order = [(s, *f) for s in args.sizes.split(',') for f in forms]  # resumed cells in place
-  cells.sort(key=lambda c: order.index((c['size'], c['dtype'], c['mode']))
-             if (c['size'], c['dtype'], c['mode']) in order else len(order))
-  small = {(c['dtype'], c['mode']): c for c in cells if c['size'] == 'small'}
-  for c in cells:
-    draft = small.get((c['dtype'], c['mode'])) if c['size'] not in ('demo', 'small') else None
-    c.update(analyse(c, draft))
+  cells = cost_curve.cells(args.sizes.split(','), forms, args.ks, args.repeats,
+                           args.float32_sizes.split(','), partial)
   report = harness.Report(__file__, args, argv)
   report.data.update(ks=args.ks, cache_len=CACHE_LEN, encoder_length=ENC_LEN,
                      paper_small_alpha=PAPER_SMALL_ALPHA, cells=cells)

@@ -29,42 +29,9 @@ from __future__ import annotations
 import sys
 from typing import List
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-from tqdm import tqdm
-
-from specdec_t5x.algorithm import batching, network, timing
-from specdec_t5x.algorithm.cpu import modes
+from specdec_t5x.algorithm import batching, network
 from specdec_t5x.research.measure import evaluation, loop_efficiency
 from specdec_t5x.research.results import harness
-
-
-def _tiny():
-  def model(emb, layers, seed):
-    cfg = network.T5Config(vocab_size=128, emb_dim=emb, num_heads=2, num_encoder_layers=1,
-                           num_decoder_layers=layers, head_dim=8, mlp_dim=2 * emb,
-                           mlp_activations=('gelu', 'linear'), dropout_rate=0.0)
-    module = network.Transformer(cfg)
-    return module, timing.random_params(module, seed, dtype=np.float32)
-  target = model(32, 2, 0)
-  enc = np.random.RandomState(0).randint(2, 128, size=(2, 10)).astype(np.int32)
-  return target, {'small': model(16, 1, 1), 'self': target}, enc
-
-
-def _random_t5_1_1(size: str, num_examples: int):
-  """A random-weight T5 v1.1 target of `size`, a small random draft of its vocabulary, and
-  random inputs (24 tokens): the accounting at a real model's shapes."""
-  def model(cfg, seed):  # float32 weights of bfloat16 values, as a T5X checkpoint restores
-    module = network.Transformer(cfg)
-    params = timing.random_params(module, seed, dtype=jnp.bfloat16)
-    return module, jax.tree_util.tree_map(lambda x: x.astype(jnp.float32), params)
-  target = model(network.t5_1_1_config(size), 0)
-  draft = model(network.t5_1_1_config(size, emb_dim=256, num_heads=4, num_encoder_layers=2,
-                                      num_decoder_layers=2, mlp_dim=1024), 1)
-  vocab = target[0].config.vocab_size
-  enc = np.random.RandomState(0).randint(2, vocab, size=(num_examples, 24)).astype(np.int32)
-  return target, {'random_small': draft, 'self': target}, enc
 
 
 def _ms(x):
@@ -159,9 +126,9 @@ def main(argv=None) -> None:
                   'rung and prefill is then a batch\'s')
   args = ap.parse_args(argv)
   if args.tiny:
-    (target, drafts, enc), name = _tiny(), 'tiny random'
+    (target, drafts, enc), name = loop_efficiency.tiny_models(), 'tiny random'
   elif args.random_target:
-    target, drafts, enc = _random_t5_1_1(args.random_target, args.num_examples)
+    target, drafts, enc = loop_efficiency.random_t5_1_1(args.random_target, args.num_examples)
     name = f'random-weight T5 v1.1 {args.random_target}'
   else:
     name, target = 'demo_target', evaluation.load_model('demo_target')
@@ -173,14 +140,10 @@ def main(argv=None) -> None:
   report['target'] = (f'{name} (emb {cfg.emb_dim}, {cfg.num_decoder_layers} decoder layers, '
                       f'vocab {cfg.vocab_size})')
   report['drafts'] = list(drafts)
-  report['matmuls'] = {}
-  for matmul in tqdm(args.matmuls.split(','), desc='loop efficiency', unit='matmul'):
-    jax.clear_caches()  # ~80 programs per matmul: freeing them keeps the JIT's mappings in bounds
-    with modes.default_mode_as('packed' if matmul == 'packed' else 'xla'):
-      report['matmuls'][matmul] = loop_efficiency.measure(
-          target, drafts, enc, args.max_len, args.gammas, args.temperatures, args.repeats,
-          cost_repeats=args.repeats, ladder_calls=args.ladder_calls,
-          batch=args.batch)
+  report['matmuls'] = loop_efficiency.by_matmul(
+      args.matmuls.split(','), target, drafts, enc, args.max_len, args.gammas,
+      args.temperatures, args.repeats, cost_repeats=args.repeats,
+      ladder_calls=args.ladder_calls, batch=args.batch)
   print(report.write(render(report)))
 
 

@@ -1,5 +1,5 @@
-"""scripts/cpu_cost_curve.py: verify-call costs by model size, the acceptance each speedup
-needs, and a run that resumes from its saved cells."""
+"""research/measure/cost_curve.py and scripts/cpu_cost_curve.py: verify-call costs by model
+size, the acceptance each speedup needs, and a run that resumes from its saved cells."""
 
 import importlib.util
 import json
@@ -8,14 +8,15 @@ import pathlib
 import pytest
 
 from specdec_t5x.algorithm import theory
+from specdec_t5x.research.measure import cost_curve
 
 pytestmark = pytest.mark.slow  # a results table's tooling, not the decode path
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location('cpu_cost_curve',
                                                REPO / 'scripts' / 'cpu_cost_curve.py')
-curve = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(curve)
+script = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(script)
 
 
 def _cell(step, verify, size='base'):
@@ -27,9 +28,9 @@ def test_an_ideal_verify_call_gives_the_papers_speedup():
   """Verify calls as cheap as a step and a free draft: the paper's expected tokens per
   step at the best gamma; a draft of cost c: the paper's walltime improvement."""
   ks = range(2, 9)
-  out = curve.analyse(_cell(1.0, {k: 1.0 for k in ks}),
+  out = cost_curve.analyse(_cell(1.0, {k: 1.0 for k in ks}),
                       _cell(0.1, {k: 0.1 for k in ks}, size='small'))
-  alpha = curve.PAPER_SMALL_ALPHA
+  alpha = cost_curve.PAPER_SMALL_ALPHA
   free = out['free draft']['at_paper_alpha']
   assert free['gamma'] == 7
   assert free['speedup'] == pytest.approx(float(theory.expected_tokens_per_step(alpha, 7)))
@@ -42,8 +43,8 @@ def test_an_ideal_verify_call_gives_the_papers_speedup():
 
 
 def test_a_costly_verify_call_needs_more_acceptance():
-  cheap = curve.analyse(_cell(1.0, {k: 1.0 for k in range(2, 9)}))
-  dear = curve.analyse(_cell(1.0, {k: 0.5 + 0.5 * k for k in range(2, 9)}))
+  cheap = cost_curve.analyse(_cell(1.0, {k: 1.0 for k in range(2, 9)}))
+  dear = cost_curve.analyse(_cell(1.0, {k: 0.5 + 0.5 * k for k in range(2, 9)}))
   assert dear['verify_over_step'][4] == 2.5
   assert dear['free draft']['alpha_needed']['1.5x'] > cheap['free draft']['alpha_needed']['1.5x']
   assert dear['free draft']['at_paper_alpha']['speedup'] < cheap['free draft']['at_paper_alpha']['speedup']
@@ -56,9 +57,9 @@ def test_a_small_run_writes_its_files_and_resumes(tmp_path, monkeypatch):
   kept = _cell(1e-3, {2: 5e-3}, size='demo')  # a saved cell: reused, not re-timed
   pathlib.Path(out + '.partial.json').write_text(json.dumps(dict(ks=[1, 2], cells=[kept])))
   timed = []
-  real = curve.measure
-  monkeypatch.setattr(curve, 'measure', lambda *a: timed.append(a[:3]) or real(*a))
-  curve.main(argv)
+  real = cost_curve.measure
+  monkeypatch.setattr(cost_curve, 'measure', lambda *a: timed.append(a[:3]) or real(*a))
+  script.main(argv)
   assert timed == [('demo', 'float32', 'xla')]
   data = json.loads(pathlib.Path(out + '.json').read_text())
   assert [(c['size'], c['mode']) for c in data['cells']] == [('demo', 'packed'), ('demo', 'xla')]

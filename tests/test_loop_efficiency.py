@@ -1,4 +1,5 @@
-"""scripts/loop_efficiency.py at tiny sizes, and research/measure/loop_profile.py's attribution.
+"""scripts/loop_efficiency.py at tiny sizes, research/measure/loop_profile.py's attribution,
+and the timing grid's row decoders and rows (research/measure/grid.py).
 
 The script's greedy decodes are checked against research/measure/reference.py's T5X-style greedy
 loop (written apart from generate()), and its loop iterations against target calls
@@ -12,7 +13,7 @@ import pytest
 
 from conftest import load_script, random_inputs
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.research.measure import loop_profile, reference, speed
+from specdec_t5x.research.measure import grid, loop_profile, reference
 
 
 _PROGRAM = '''
@@ -41,15 +42,15 @@ ENTRY %main (a: f32[1,8]) -> f32[1,8] {
 
 
 def _record_decoders(monkeypatch):
-  """The list every speed.Decoder the script makes joins (its tokens and iterations are
+  """The list every grid.Decoder the script makes joins (its tokens and iterations are
   read after the run)."""
   made = []
 
-  class Recorded(speed.Decoder):
+  class Recorded(grid.Decoder):
     def __post_init__(self):
       super().__post_init__()
       made.append(self)
-  monkeypatch.setattr(speed, 'Decoder', Recorded)
+  monkeypatch.setattr(grid, 'Decoder', Recorded)
   return made
 
 
@@ -209,8 +210,8 @@ def test_batched_decoder_rows_equal_their_batch_of_one_decodes(target_and_draft)
   target, draft = target_and_draft
   enc = random_inputs(4, 9, 40, seed=3)
   config = DecodeConfig(gamma=3)
-  one = speed.Decoder(target, draft, enc, 10, config)
-  two = speed.Decoder(target, draft, enc, 10, config, batch=2)
+  one = grid.Decoder(target, draft, enc, 10, config)
+  two = grid.Decoder(target, draft, enc, 10, config, batch=2)
   one(), two()
   for a, b in zip(one.tokens, two.tokens):
     np.testing.assert_array_equal(a, b)
@@ -218,4 +219,24 @@ def test_batched_decoder_rows_equal_their_batch_of_one_decodes(target_and_draft)
   assert one.iterations == int(np.asarray(one.stats['target_calls']).sum())
   assert max(calls) <= two.iterations <= calls.sum()
   with pytest.raises(ValueError, match='batches of 3'):
-    speed.Decoder(target, draft, enc, 10, config, batch=3)
+    grid.Decoder(target, draft, enc, 10, config, batch=3)
+
+
+def test_grid_rows_hold_each_decodes_median_tokens_per_call_and_speedup(target_and_draft):
+  """grid.time_grid: AR and every (draft, gamma) timed interleaved; each row's median
+  seconds, tokens per target call and per-token speedup are those of its timings and
+  decoder, and the speedup's interval comes from the repeats' pairs."""
+  target, draft = target_and_draft
+  timed = grid.time_grid(target, {'d': draft}, random_inputs(2, 9, 40, seed=4), 8, [1, 2],
+                         repeats=2)
+  assert list(timed.timings.seconds) == ['ar', 'd_g1', 'd_g2']
+  assert all(len(s) == 2 for s in timed.timings.seconds.values())
+  for row in timed.rows():
+    dec = timed.decoders[('d', row['gamma'])]
+    assert row['seconds'] == timed.median[grid.key('d', row['gamma'])]
+    assert row['tokens_per_target_call'] == dec.generated_tokens / float(
+        dec.stats['target_calls'].sum())
+    assert row['speedup'] == pytest.approx(
+        timed.median['ar'] / timed.ar.generated_tokens / (row['seconds'] / dec.generated_tokens))
+    lo, hi = row['speedup_ci95']
+    assert lo <= hi

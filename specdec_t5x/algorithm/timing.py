@@ -129,13 +129,6 @@ def per_call_seconds(runs: Dict[str, Callable[[int], Any]], num_calls: int,
   return {name: statistics.median(d) / num_calls for name, d in diffs.items()}
 
 
-def call_cost(module, params, enc, num_tokens: int, num_calls: int = 32, repeats: int = 5,
-              cache_len: int = 0) -> float:
-  """Seconds of ONE cached decoder call over `num_tokens` new tokens (call_costs)."""
-  return call_costs({'cost': (module, params, num_tokens)}, enc, num_calls, repeats,
-                    cache_len)['cost']
-
-
 def prefill_cost(module, params, enc, cache_len: int, repeats: int = 5) -> float:
   """Median seconds of encoding `enc` and building a `cache_len` cache (one jitted call):
   the per-sequence cost that every decode pays once, before its first decoder call.
@@ -149,13 +142,6 @@ def prefill_cost(module, params, enc, cache_len: int, repeats: int = 5) -> float
   return statistics.median(wall(lambda: fn(variables, enc, 0)) for _ in range(repeats))
 
 
-def speed_ratios(times: Dict[str, List[float]], base: str) -> Dict[str, float]:
-  """Median over interleaved repeats of times[name][i] / times[base][i] for every other
-  name: how many times faster `base` is, per pair (robust to drifts in machine speed)."""
-  return {name: statistics.median(t / b for t, b in zip(ts, times[base]))
-          for name, ts in times.items() if name != base}
-
-
 def random_params(module, seed: int = 0, dtype: Any = jnp.bfloat16) -> Any:
   """Random parameters of a Transformer-like module, made on the device in `dtype`.
 
@@ -165,7 +151,8 @@ def random_params(module, seed: int = 0, dtype: Any = jnp.bfloat16) -> Any:
   init would first build it in float32). Leaves of one shape and kind are drawn in one
   call (few distinct shapes, so little to compile). Kernels have variance 1/fan_in,
   embeddings 1, anything else 0.01 (uniform draws), norm scales are 1, so activations
-  and logits stay O(1).
+  and logits stay O(1). Not random_init.init_params (flax's init): committed results record
+  decode lengths and acceptance from these values (loop_efficiency_t5_1_1_*, device_*).
   """
   dummy = jnp.ones((1, 4), jnp.int32)  # encoder and decoder input tokens
   shapes = jax.eval_shape(lambda k: module.init(k, dummy, dummy)['params'],
@@ -197,17 +184,6 @@ def random_params(module, seed: int = 0, dtype: Any = jnp.bfloat16) -> Any:
     return jax.tree_util.tree_unflatten(treedef, leaves)
   # 'rbg' (XLA's RngBitGenerator): cheap to compile, unlike threefry's unrolled rounds.
   return jax.jit(make)(jax.random.key(seed, impl='rbg'))
-
-
-def median_times(fns: Dict[str, Callable[[], Any]], repeats: int) -> Dict[str, List[float]]:
-  """Runs every fn once per repeat, interleaved; returns all times per name."""
-  for fn in fns.values():
-    block(fn())  # compile / warm up
-  times: Dict[str, List[float]] = {name: [] for name in fns}
-  for _ in range(repeats):
-    for name, fn in fns.items():
-      times[name].append(wall(fn))
-  return times
 
 
 def paired_speedup(baseline_seconds: Sequence[float], seconds: Sequence[float],

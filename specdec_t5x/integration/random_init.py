@@ -13,7 +13,9 @@ from specdec_t5x.algorithm import api, feature_draft
 def init_params(module: Any, rng: jax.Array, dtype: Optional[Any] = None) -> Any:
   """Random parameters of a Transformer-like module, cast to `dtype` when given. The cast
   is part of the compiled init, so that a large model's float32 values are never all held
-  beside their cast (T5 v1.1 XL in bfloat16 fits 24 GiB so)."""
+  beside their cast (T5 v1.1 XL in bfloat16 fits 24 GiB so). Flax's own init, as T5X draws
+  a model without a checkpoint; timing.random_params draws other values, which results use.
+  """
   if api.reads_features(module):
     return _cast(feature_draft.init_params(module.config, rng), dtype)
   return _jitted_init(module, dtype)(rng, *[jnp.ones((1, 4), jnp.int32)] * 3)

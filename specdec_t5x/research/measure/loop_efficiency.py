@@ -4,8 +4,8 @@ rest goes (scripts/loop_efficiency.py).
 For each draft, temperature and gamma, at one batch size (1: each input alone) over the
 same inputs:
 - measured: AR time / speculative time per generated token (timed interleaved);
-- ideal end to end: speed.ideal_end_to_end from the calls each loop made and the call
-  costs of speed.costs (each call's tokens the argmax of the last, as in any decode:
+- ideal end to end: grid.ideal_end_to_end from the calls each loop made and the call
+  costs of grid.costs (each call's tokens the argmax of the last, as in any decode:
   timing.call_costs), the paper's gamma one-token draft calls per step;
 - efficiency = measured / ideal; and the same with the draft calls as the loop makes
   them ("as made": each step's first draft call the 2-token re-feed, timed too);
@@ -21,17 +21,18 @@ same inputs:
 
 from __future__ import annotations
 
-import statistics
 from typing import Any, Dict, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import api, batching, timing
-from specdec_t5x.algorithm.cpu import packing
+from tqdm import tqdm
+
+from specdec_t5x.algorithm import api, batching, network, timing
+from specdec_t5x.algorithm.cpu import modes, packing
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.research.measure import hlo_loops, loop_ladder, loop_profile, speed
+from specdec_t5x.research.measure import grid, hlo_loops, loop_ladder, loop_profile
 
 ModelAndParams = Any
 
@@ -56,61 +57,51 @@ def measure(target: ModelAndParams, drafts: Dict[str, ModelAndParams], enc: np.n
 
   enc [N, L]: the inputs, decoded `batch` rows at a time (N a multiple of it) at their
   length buckets; every call cost, ladder rung and prefill is then a batch's, and the
-  loop's target calls are its iterations (speed.Decoder.iterations). `ladder_calls`:
+  loop's target calls are its iterations (grid.Decoder.iterations). `ladder_calls`:
   iterations per timed run of each ladder rung (enough that a run lasts well beyond the
   machine's jitter: tiny models need thousands).
   """
   rows_in = [batching.trim_batch(enc[i:i + batch]) for i in range(0, len(enc), batch)]
-  cost = speed.costs(target, drafts, enc, gammas, cost_calls, cost_repeats, max_len=max_len,
-                     batch=batch)
-  first = jnp.asarray(rows_in[0])
   cache_len = max_len + max(gammas) + 1
-  cost.update(timing.call_costs({f't_draft_refeed_{name}': (*draft, 2)
-                                 for name, draft in drafts.items()},
-                                first, cost_calls, cost_repeats, cache_len))
+  cost = grid.costs(target, drafts, enc, gammas, cost_calls, cost_repeats, max_len=max_len,
+                    batch=batch, extra={f't_draft_refeed_{name}': (*draft, 2)
+                                        for name, draft in drafts.items()})
   out: Dict[str, Any] = {'costs_s': cost, 'groups': []}
-  prefill = {'target': sum(timing.prefill_cost(*target, r, cache_len, cost_repeats) for r in rows_in)}
-  prefill.update({name: sum(timing.prefill_cost(*d, r, cache_len, cost_repeats) for r in rows_in)
-                  for name, d in drafts.items()})
+  prefill = {name: len(rows_in) * grid.prefill_per_sequence(model, rows_in, cache_len,
+                                                            cost_repeats)
+             for name, model in {'target': target, **drafts}.items()}
   out['prefill_s'] = prefill
+  first = jnp.asarray(rows_in[0])
   out['ladder_s'] = {'ar': loop_ladder.rungs(target, None, first, 1, ladder_calls,
                                              repeats=cost_repeats, cache_len=cache_len)}
-  out['ladder_s'].update({f'{name}_g{g}': loop_ladder.rungs(
+  out['ladder_s'].update({grid.key(name, g): loop_ladder.rungs(
       target, draft, first, g, ladder_calls, repeats=cost_repeats, cache_len=cache_len)
                           for name, draft in drafts.items() for g in gammas})
   for temp in temperatures:
     jax.clear_caches()  # the last group's programs: the JIT's memory mappings are bounded
     base = DecodeConfig(temperature=temp, gamma=1)
-    ar = speed.Decoder(target, None, enc, max_len, base, batch=batch)
-    decs = {(name, g): speed.Decoder(target, draft, enc, max_len, base.replace(gamma=g),
-                                     batch=batch)
-            for name, draft in drafts.items() for g in gammas}
-    fns = {'ar': ar, **{f'{name}_g{g}': dec for (name, g), dec in decs.items()}}
-    med = {k: statistics.median(v) for k, v in timing.median_times(fns, repeats).items()}
-    ar_tokens = float(ar.stats['generated_tokens'].sum())
-    ar_calls = float(ar.iterations)
+    timed = grid.time_grid(target, drafts, enc, max_len, gammas, base, repeats, batch=batch)
+    ar, med = timed.ar, timed.median
+    ar_tokens, ar_calls = ar.generated_tokens, float(ar.iterations)
     group = {'temperature': temp, 'ar_seconds': med['ar'], 'ar_tokens': ar_tokens,
              'ar_loop_s': loop_ladder.loop_seconds(med['ar'], prefill['target'], ar_calls),
              'ar_copies': _copies(target, None, rows_in[0], max_len, base), 'rows': []}
     group['ar_profile'] = loop_profile.profile(target, None, rows_in, max_len, base)
-    for (name, g), dec in decs.items():
-      s = dec.stats
-      spec_tokens = float(s['generated_tokens'].sum())
-      calls = float(dec.iterations)
-      measured = (med['ar'] / ar_tokens) / (med[f'{name}_g{g}'] / spec_tokens)
-      ideal = speed.ideal_end_to_end(len(rows_in), ar_calls, calls, g, cost, name) * (
+    for (name, g), dec in timed.decoders.items():
+      spec_tokens, calls = dec.generated_tokens, float(dec.iterations)
+      measured = timed.speedup(name, g)
+      ideal = grid.ideal_end_to_end(len(rows_in), ar_calls, calls, g, cost, name) * (
           spec_tokens / ar_tokens)
       # The calls as the loop makes them: each step's first draft call the 2-token re-feed.
-      as_made = speed.ideal_end_to_end(len(rows_in), ar_calls, calls, g, cost, name,
-                                       refeed=True) * (spec_tokens / ar_tokens)
+      as_made = grid.ideal_end_to_end(len(rows_in), ar_calls, calls, g, cost, name,
+                                      refeed=True) * (spec_tokens / ar_tokens)
       row = {
-          'draft': name, 'gamma': g,
-          'tokens_per_target_call': spec_tokens / float(s['target_calls'].sum()),
+          'draft': name, 'gamma': g, 'tokens_per_target_call': dec.tokens_per_target_call,
           'speedup_measured': measured, 'speedup_ideal_end_to_end': ideal,
           'efficiency_end_to_end': measured / ideal,
           'speedup_ideal_as_made': as_made, 'efficiency_as_made': measured / as_made,
-          'loop_s': loop_ladder.loop_seconds(med[f'{name}_g{g}'], prefill['target'] + prefill[name],
-                                             calls),
+          'loop_s': loop_ladder.loop_seconds(med[grid.key(name, g)],
+                                             prefill['target'] + prefill[name], calls),
           'copies': _copies(target, drafts[name], rows_in[0], max_len, base.replace(gamma=g))}
       row['profile'] = loop_profile.profile(target, drafts[name], rows_in, max_len,
                                             base.replace(gamma=g))
@@ -120,3 +111,43 @@ def measure(target: ModelAndParams, drafts: Dict[str, ModelAndParams], enc: np.n
       group['rows'].append(row)
     out['groups'].append(group)
   return out
+
+
+def by_matmul(matmuls: Sequence[str], *args: Any, **kwargs: Any) -> Dict[str, Any]:
+  """`measure` once per matmul ('packed': the CPU kernel; 'xla': XLA's dot) as the default
+  kernel mode, the JIT's programs cleared between them."""
+  out = {}
+  for matmul in tqdm(matmuls, desc='loop efficiency', unit='matmul'):
+    jax.clear_caches()  # ~80 programs per matmul: freeing them keeps the JIT's mappings in bounds
+    with modes.default_mode_as('packed' if matmul == 'packed' else 'xla'):
+      out[matmul] = measure(*args, **kwargs)
+  return out
+
+
+def tiny_models():
+  """A tiny random target (emb 32, 2 decoder layers), drafts {'small': a smaller one,
+  'self': the target}, and 2 random inputs of 10 tokens (the test's models)."""
+  def model(emb, layers, seed):
+    cfg = network.T5Config(vocab_size=128, emb_dim=emb, num_heads=2, num_encoder_layers=1,
+                           num_decoder_layers=layers, head_dim=8, mlp_dim=2 * emb,
+                           mlp_activations=('gelu', 'linear'), dropout_rate=0.0)
+    module = network.Transformer(cfg)
+    return module, timing.random_params(module, seed, dtype=np.float32)
+  target = model(32, 2, 0)
+  enc = np.random.RandomState(0).randint(2, 128, size=(2, 10)).astype(np.int32)
+  return target, {'small': model(16, 1, 1), 'self': target}, enc
+
+
+def random_t5_1_1(size: str, num_examples: int):
+  """A random-weight T5 v1.1 target of `size`, a small random draft of its vocabulary, and
+  random inputs (24 tokens): the accounting at a real model's shapes."""
+  def model(cfg, seed):  # float32 weights of bfloat16 values, as a T5X checkpoint restores
+    module = network.Transformer(cfg)
+    params = timing.random_params(module, seed, dtype=jnp.bfloat16)
+    return module, jax.tree_util.tree_map(lambda x: x.astype(jnp.float32), params)
+  target = model(network.t5_1_1_config(size), 0)
+  draft = model(network.t5_1_1_config(size, emb_dim=256, num_heads=4, num_encoder_layers=2,
+                                      num_decoder_layers=2, mlp_dim=1024), 1)
+  vocab = target[0].config.vocab_size
+  enc = np.random.RandomState(0).randint(2, vocab, size=(num_examples, 24)).astype(np.int32)
+  return target, {'random_small': draft, 'self': target}, enc

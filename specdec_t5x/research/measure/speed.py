@@ -1,123 +1,43 @@
-"""Autoregressive vs speculative decoding timed on the same inputs: row decoders, call
-costs, gamma sweeps with the paper's and the end-to-end ideal, and batch throughput.
+"""Autoregressive vs speculative decoding timed on the same inputs: gamma sweeps with the
+paper's and the end-to-end ideal, and batch throughput.
 
-Everything is timed interleaved in one process after compilation (algorithm/timing.py);
-the demo family and its data load through evaluation.py.
+The row decoders, the timing grid and the call costs are grid.py's (Decoder, costs and
+ideal_end_to_end are re-exported here); the demo family and its data load through
+evaluation.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import statistics
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from specdec_t5x.algorithm import api, batching, sampling, theory, timing
+from specdec_t5x.algorithm import api, batching, sampling, theory
 from specdec_t5x.algorithm import stats as stats_lib
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.research.measure import batched, evaluation, timed_rows
+from specdec_t5x.research.measure import batched, evaluation, grid
 from specdec_t5x.research.results import harness
 
 ModelAndParams = Tuple[Any, Any]
+# Re-exported: the row decoder and call costs many measurements take from here.
+Decoder, costs, ideal_end_to_end = grid.Decoder, grid.costs, grid.ideal_end_to_end
 
 
-@dataclasses.dataclass
-class Decoder:
-  """A decode over a list of encoder rows, `batch` rows at a time (1: one at a time), each
-  batch at its length bucket (batching.trim_batch), remembering the last run's stats
-  (summed over the batches), its tokens per row, and `iterations`: the target calls of the
-  loops (a batch's loop runs until its last row is done: its rows' most calls)."""
-  target: ModelAndParams
-  draft: Optional[ModelAndParams]
-  enc: np.ndarray  # [N, L]
-  max_len: int
-  config: DecodeConfig = DecodeConfig(gamma=1)
-  seed: int = 0
-  eos_id: int = 1
-  stats: Optional[stats_lib.DecodeStats] = None
-  tokens: Optional[List[np.ndarray]] = None
-  batch: int = 1
-  iterations: Optional[int] = None
-
-  def __post_init__(self):
-    if len(self.enc) % self.batch:
-      raise ValueError(f'{len(self.enc)} encoder rows do not split into batches of '
-                       f'{self.batch}; pass a multiple of the batch.')
-    # Each batch at its length bucket, cut once rather than inside the timed loop.
-    self._batches = batched.split(self.enc, self.batch, fill=None)
-
-  def __call__(self):
-    outs = [out for _, out in batched.decode(
-        self.target, self._batches, self.max_len, draft=self.draft, config=self.config,
-        seed=self.seed, eos_id=self.eos_id, key_by='index')]
-    timing.block(outs)
-    self.stats = jax.tree_util.tree_map(lambda *xs: np.sum([np.asarray(x) for x in xs], axis=0),
-                                        *[o.stats for o in outs])
-    self.tokens = [row for o in outs for row in batched.outputs(o, self.batch)]
-    self.iterations = sum(int(np.max(o.stats['target_calls'])) for o in outs)
-    return outs
-
-
-def costs(target: ModelAndParams, drafts_: Dict[str, ModelAndParams], enc: np.ndarray,
-          gammas: Sequence[int], num_calls: int = 32, repeats: int = 7,
-          max_len: int = 0, batch: int = 1) -> Dict[str, float]:
-  """Seconds per call (timing.call_cost): t_target_step, t_draft_step_{name},
-  t_verify_{g+1}; and per sequence (prefill_cost): t_prefill_target, t_prefill_draft_{name};
-  each call over the first `batch` rows of `enc` (a batch's call, prefill per batch).
-
-  With `max_len`, caches have the decode's own size (max_len + max gamma + 1). The call
-  costs' repeats are interleaved (timing.call_costs).
-  """
-  enc = jnp.asarray(batching.trim_batch(enc[:batch]))
-  cache_len = max_len + max(gammas) + 1 if max_len else 0
-  specs = {'t_target_step': (*target, 1)}
-  specs.update({f't_draft_step_{name}': (*draft, 1) for name, draft in drafts_.items()})
-  specs.update({f't_verify_{g + 1}': (*target, g + 1) for g in gammas})
-  out = timing.call_costs(specs, enc, num_calls, repeats, cache_len)
-  out['t_prefill_target'] = timing.prefill_cost(*target, enc, max(cache_len, 2), repeats)
-  for name, draft in drafts_.items():
-    out[f't_prefill_draft_{name}'] = timing.prefill_cost(*draft, enc, max(cache_len, 2),
-                                                               repeats)
-  return out
-
-
-def ideal_end_to_end(num_sequences: int, ar_calls: float, spec_calls: float, gamma: int,
-                     cost: Dict[str, float], draft: str, refeed: bool = False) -> float:
-  """AR time / speculative time predicted from call costs alone, per-sequence prefill
-  (encoder + cache) included (theory.end_to_end_speedup at a step of g t_d + t_v).
-
-  The paper's ideal (theory.ideal_speedup) leaves out the prefill, which both methods pay
-  once per sequence; at batch 1 on a CPU it is a sizeable share of short decodes.
-  `refeed`: the draft calls as the loop makes them, the first of each step the 2-token
-  catch-up (cost['t_draft_refeed_{draft}']; the last draft of a fully accepted block was
-  never fed) instead of g one-token calls.
-  """
-  pre_t, pre_d = cost['t_prefill_target'], cost[f't_prefill_draft_{draft}']
-  t_t, t_d, t_v = cost['t_target_step'], cost[f't_draft_step_{draft}'], cost[f't_verify_{gamma + 1}']
-  drafting = gamma * t_d
-  if refeed:
-    drafting = cost[f't_draft_refeed_{draft}'] + (gamma - 1) * t_d
-  return theory.end_to_end_speedup(num_sequences, ar_calls, spec_calls, t_t, drafting + t_v,
-                                   pre_t, pre_d)
-
-
-def _rows(ar: Decoder, decs: Dict[int, Decoder], timed: Dict[str, timed_rows.Timed], name: str,
-          cost: Dict[str, float], alpha: Optional[float]) -> List[Dict[str, Any]]:
+def _rows(grid_: grid.Grid, name: str, cost: Dict[str, float],
+          alpha: Optional[float]) -> List[Dict[str, Any]]:
   t_t, t_d = cost['t_target_step'], cost[f't_draft_step_{name}']
-  rows = []
-  for g, dec in decs.items():
-    s, spec = dec.stats, timed[f'{name}_g{g}']
-    tpc = float(s['generated_tokens'].sum()) / float(s['target_calls'].sum())
+  ar, rows = grid_.ar, []
+  for timed in (r for r in grid_.rows() if r['draft'] == name):
+    g, seconds, tpc = timed['gamma'], timed['seconds'], timed['tokens_per_target_call']
+    dec = grid_.decoders[(name, g)]
+    s = dec.stats
     t_v = cost[f't_verify_{g + 1}']
     fit = theory.alpha_from_tokens_per_call(tpc, g)
     ideal = float(theory.ideal_speedup(min(max(tpc, 1.0), g + 1), g, t_d, t_t, t_v))
     # Per generated token: when sampling, speculative and AR outputs differ in length.
-    ar_tokens, spec_tokens = float(ar.stats['generated_tokens'].sum()), float(
-        s['generated_tokens'].sum())
-    measured = (timed['ar'].seconds / ar_tokens) / (spec.seconds / spec_tokens)
+    ar_tokens, spec_tokens = ar.generated_tokens, dec.generated_tokens
+    measured = timed['speedup']
     e2e = None
     if 't_prefill_target' in cost:
       e2e = ideal_end_to_end(len(dec.enc), float(ar.stats['target_calls'].sum()),
@@ -135,10 +55,10 @@ def _rows(ar: Decoder, decs: Dict[int, Decoder], timed: Dict[str, timed_rows.Tim
         'efficiency_end_to_end': None if e2e is None else measured / e2e,
         'speedup_theory': float(theory.walltime_improvement_measured(
             fit if alpha is None else alpha, g, t_d, t_t, t_v)),
-        'time_ratio': spec.speedup_vs_ar,
+        'time_ratio': grid_.median['ar'] / seconds,
         'same_tokens_as_ar': int(sum(np.array_equal(a, b) for a, b in
                                      zip(ar.tokens, dec.tokens))),
-        'spec_seconds_median': spec.seconds})
+        'spec_seconds_median': seconds})
   return rows
 
 
@@ -180,20 +100,13 @@ def sweep(target: ModelAndParams, drafts_: Dict[str, ModelAndParams], enc: np.nd
   theory.best_gamma_measured chooses from alpha and the call costs. `alphas[name]` (e.g.
   the teacher-forced E[sum min(p, q)]) is used for theory when given, else the fit.
   """
-  ar = Decoder(target, None, enc, max_len, DecodeConfig.from_sampling(cfg, gamma=1), seed, eos_id)
-  decs = {name: {g: Decoder(target, d, enc, max_len, DecodeConfig.from_sampling(cfg, gamma=g),
-                            seed, eos_id) for g in gammas}
-          for name, d in drafts_.items()}
-  fns: Dict[str, Any] = {'ar': ar}
-  fns.update({f'{name}_g{g}': dec for name, by_g in decs.items() for g, dec in by_g.items()})
-  timings = harness.interleaved(fns, repeats)
-  timed = {t.name: t for t in timed_rows.timed(timings, 'ar')}
-  out = {'ar_seconds_median': timed['ar'].seconds,
-         'ar_tokens': float(ar.stats['generated_tokens'].sum()), 'raw_times_s': timings.seconds,
-         'drafts': {}}
+  grid_ = grid.time_grid(target, drafts_, enc, max_len, gammas, DecodeConfig.from_sampling(cfg),
+                         repeats, seed=seed, eos_id=eos_id)
+  out = {'ar_seconds_median': grid_.median['ar'], 'ar_tokens': grid_.ar.generated_tokens,
+         'raw_times_s': grid_.timings.seconds, 'drafts': {}}
   for name in drafts_:
     alpha = (alphas or {}).get(name)
-    rows = _rows(ar, decs[name], timed, name, cost, alpha)
+    rows = _rows(grid_, name, cost, alpha)
     out['drafts'][name] = {'rows': rows, 'alpha_source': 'fit' if alpha is None else 'given',
                            **_choice(rows, cost, name, alpha)}
   return out
@@ -271,10 +184,11 @@ def batch_throughput(target: ModelAndParams, draft: ModelAndParams, enc: np.ndar
             for m, g in methods.items()}
   rows = []
   for b in batches:
-    fns = {m: decode(enc[:b], g) for m, g in methods.items()}
-    med = {m: statistics.median(t) for m, t in timing.median_times(fns, repeats).items()}
+    timings = harness.interleaved({m: decode(enc[:b], g) for m, g in methods.items()},
+                                  repeats)
+    med = timings.median
     for m, g in methods.items():
-      out = fns[m]()
+      out = timings.outputs[m]
       st = stats_lib.summarize(out.stats)
       tokens, n = np.asarray(out.tokens), min(b, checked)
       row = dict(batch=b, method=m, gamma=g, seconds=med[m],

@@ -102,21 +102,27 @@ class Timings:
     return {name: statistics.median(s) for name, s in self.seconds.items()}
 
   def speed_ratios(self, base: str) -> Dict[str, float]:
-    """Median over repeats of seconds[name][i] / seconds[base][i] (timing.speed_ratios)."""
-    return timing.speed_ratios(self.seconds, base)
+    """Median over repeats of seconds[name][i] / seconds[base][i] for every other name:
+    how many times faster `base` is, per pair (robust to drifts in machine speed)."""
+    return {name: statistics.median(t / b for t, b in zip(ts, self.seconds[base]))
+            for name, ts in self.seconds.items() if name != base}
 
 
 def interleaved(fns: Dict[str, Callable[[], Any]], repeats: int) -> Timings:
-  """Runs every fn once to compile, then once per repeat in turn (timing.median_times),
-  keeping each fn's last output, so a drift in machine speed moves all names alike."""
+  """The one timer of decodes: runs every fn once to compile, then once per repeat in turn
+  (timing.wall: its outputs ready), keeping each fn's last output, so a drift in machine
+  speed moves all names alike."""
   outputs: Dict[str, Any] = {}
 
-  def keeping(name, fn):
-    def call():
-      outputs[name] = fn()
-      return outputs[name]
-    return call
-  seconds = timing.median_times({k: keeping(k, fn) for k, fn in fns.items()}, repeats)
+  def run(name: str) -> Any:
+    outputs[name] = fns[name]()
+    return outputs[name]
+  for name in fns:
+    timing.block(run(name))  # compile / warm up
+  seconds: Dict[str, List[float]] = {name: [] for name in fns}
+  for _ in range(repeats):
+    for name in fns:
+      seconds[name].append(timing.wall(lambda: run(name)))  # pylint: disable=cell-var-from-loop
   return Timings(seconds, outputs)
 
 
