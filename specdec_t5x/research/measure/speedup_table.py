@@ -11,8 +11,8 @@
       --gin.DRAFT_CHECKPOINT="'/ckpt/small/checkpoint_1000000'" --gammas 3,5,7
 
 For each (task, draft, temperature) it times, in one process after compilation and
-interleaved (grid.time_grid, on harness.interleaved), autoregressive decoding and speculative decoding
-at each gamma over --num_examples inputs, one at a time; measures the call costs t_target,
+interleaved (grid.time_grid, on harness.interleaved), autoregressive decoding and
+speculative decoding at each gamma over --num_examples inputs, one at a time; measures the call costs t_target,
 t_draft (c = t_draft / t_target) and t_verify(gamma+1) with grid.costs; and
 reports alpha, the measured speedup, theory's prediction (i.i.d. alpha fitted to tokens
 per call), the ideal speedup tokens_per_call * t_target / (gamma t_draft + t_verify),
