@@ -34,7 +34,7 @@ from specdec_t5x.algorithm import api, timing
 from specdec_t5x.algorithm.cpu import modes
 from specdec_t5x.algorithm.network import Transformer, t5_1_1_config
 from specdec_t5x.research.results import harness
-from specdec_t5x.research.measure import reference, speed, t5x_reference
+from specdec_t5x.research.measure import grid, reference, t5x_reference
 
 BASELINES = {'t5x': 'stock T5X predict_batch (temperature_sample, T5X network)',
              'reference_t5x_style': 'T5X-style loop (reference.py)'}
@@ -80,7 +80,7 @@ def _main(args, argv):
                     jnp.int32)
   target, draft = (t_mod, t_params), (d_mod, d_params)
 
-  per_draft = speed.costs(target, {'self': target, 'draft': draft}, np.asarray(enc), gammas,
+  per_draft = grid.costs(target, {'self': target, 'draft': draft}, np.asarray(enc), gammas,
                                num_calls=16, repeats=args.repeats, max_len=args.max_len)
   costs = {k: v for k, v in per_draft.items() if not k.endswith('_self')}
   costs['t_draft_step'] = costs.pop('t_draft_step_draft')
@@ -121,7 +121,7 @@ def _main(args, argv):
       tpc = float(np.sum(stats['generated_tokens'])) / calls
       ideal = tpc * costs['t_target_step'] / (g * t_draft + costs[f't_verify_{g + 1}'])
       measured = med['ar'] / med[f'spec_{kind}_g{g}']
-      e2e = speed.ideal_end_to_end(1, ar_calls, float(np.max(stats['target_calls'])), g,
+      e2e = grid.ideal_end_to_end(1, ar_calls, float(np.max(stats['target_calls'])), g,
                                         per_draft, kind)
       rows.append({'draft': args.target if kind == 'self' else args.draft, 'gamma': g,
                    'alpha_empirical': float(np.sum(stats['accepted_tokens']) /

@@ -30,7 +30,7 @@ import transformers
 from specdec_t5x.algorithm import batching
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.integration.hf_convert import hf_model_from_params
-from specdec_t5x.research.measure import evaluation, peers, speed
+from specdec_t5x.research.measure import evaluation, grid, peers
 from specdec_t5x.research.results import harness
 
 
@@ -71,7 +71,7 @@ def main(argv=None):
     assistant.generation_config.assistant_confidence_threshold = 0.0  # always gamma drafts
   examples = evaluation.load_examples(args.task, args.num_examples)
   inputs = [e.inputs for e in examples]
-  enc = batching.pad_batch(inputs)  # speed.Decoder runs each row at its length bucket
+  enc = batching.pad_batch(inputs)  # grid.Decoder runs each row at its length bucket
   check = {name: logits_check(m[0], m[1], hf, inputs[0], examples[0].targets)
            for name, m, hf in (('target', target, hf_t), ('draft', draft, hf_d))}
   print('relative max |logit difference| ours vs HF:', check, file=sys.stderr)
@@ -82,12 +82,12 @@ def main(argv=None):
   fns = {
       'hf_greedy': peers.HFRunner(hf_t, inputs, args.max_len, False),
       'hf_assisted_greedy': peers.HFRunner(hf_t, inputs, args.max_len, False, hf_d),
-      'ours_ar_greedy': speed.Decoder(target, None, enc, args.max_len, greedy),
-      'ours_spec_greedy': speed.Decoder(target, draft, enc, args.max_len, greedy),
+      'ours_ar_greedy': grid.Decoder(target, None, enc, args.max_len, greedy),
+      'ours_spec_greedy': grid.Decoder(target, draft, enc, args.max_len, greedy),
       'hf_sample': peers.HFRunner(hf_t, inputs, args.max_len, True),
       'hf_assisted_sample': peers.HFRunner(hf_t, inputs, args.max_len, True, hf_d),
-      'ours_ar_sample': speed.Decoder(target, None, enc, args.max_len, sample),
-      'ours_spec_sample': speed.Decoder(target, draft, enc, args.max_len, sample),
+      'ours_ar_sample': grid.Decoder(target, None, enc, args.max_len, sample),
+      'ours_spec_sample': grid.Decoder(target, draft, enc, args.max_len, sample),
   }
   with tempfile.TemporaryDirectory() as ct2_dir:  # the converted CTranslate2 models
     for kind in args.ct2_types.split(','):
@@ -102,7 +102,7 @@ def main(argv=None):
   for name, fn in fns.items():
     tokens = fn.tokens
     n = int(sum(len(t) for t in tokens))
-    calls = (int(fn.stats['target_calls'].sum()) if isinstance(fn, speed.Decoder)
+    calls = (int(fn.stats['target_calls'].sum()) if isinstance(fn, grid.Decoder)
              else fn.calls)  # None: CTranslate2 does not say
     systems[name] = {'tokens': n, 'seconds_median': med[name], 'tokens_per_s': n / med[name],
                      'target_calls': calls, 'tokens_per_target_call': calls and n / calls}

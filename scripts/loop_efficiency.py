@@ -47,7 +47,7 @@ def render(report: harness.Report) -> List[str]:
       'Loop efficiency: measured vs ideal, and where each iteration goes',
       f'Batch {report["args"].get("batch", 1)}. measured = AR time / speculative time per '
       'generated token (interleaved); '
-      'ideal e2e = speed.ideal_end_to_end from the target calls each loop made and the call '
+      'ideal e2e = grid.ideal_end_to_end from the target calls each loop made and the call '
       'costs of timing.call_costs (prefill included; each call\'s tokens the argmax of the '
       'last, as in any decode); efficiency = measured / ideal; as made: the same with each '
       'step\'s first draft call the 2-token re-feed the loop makes (the last draft of a fully '

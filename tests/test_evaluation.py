@@ -11,7 +11,7 @@ import pytest
 
 from conftest import load_script, make_model, random_inputs, tiny_config
 from specdec_t5x.algorithm import sampling, theory, timing
-from specdec_t5x.research.measure import evaluation, speed
+from specdec_t5x.research.measure import evaluation, grid, speed
 from test_infer import _flags, env  # pylint: disable=unused-import  (tiny ckpts, mock WMT)
 
 pytestmark = pytest.mark.slow  # the results' scripts and tables, run end to end
@@ -97,7 +97,7 @@ def test_sweep_rows(models):
 
 def test_costs_measure_calls_and_prefill_separately(models):
   target, draft, enc = models
-  cost = speed.costs(target, {'d': draft}, enc, [2], num_calls=2, repeats=1, max_len=8)
+  cost = grid.costs(target, {'d': draft}, enc, [2], num_calls=2, repeats=1, max_len=8)
   assert set(cost) == {'t_target_step', 't_prefill_target', 't_draft_step_d',
                        't_prefill_draft_d', 't_verify_3'}
   assert all(v > 0 for v in cost.values())
@@ -139,14 +139,14 @@ def test_ideal_end_to_end_counts_prefill():
           't_draft_step_d': 0.1, 't_verify_3': 1.5}
   # 2 sequences, AR 20 calls, speculative 8 calls of gamma 2:
   want = (2 * 5.0 + 20 * 1.0) / (2 * 6.0 + 8 * (2 * 0.1 + 1.5))
-  assert speed.ideal_end_to_end(2, 20, 8, 2, cost, 'd') == pytest.approx(want)
+  assert grid.ideal_end_to_end(2, 20, 8, 2, cost, 'd') == pytest.approx(want)
   no_prefill = dict(cost, t_prefill_target=0.0, t_prefill_draft_d=0.0)
   # Without prefill it is the paper's ideal: tokens/call * t_t / (g t_d + t_v).
-  assert speed.ideal_end_to_end(2, 20, 8, 2, no_prefill, 'd') == pytest.approx(
+  assert grid.ideal_end_to_end(2, 20, 8, 2, no_prefill, 'd') == pytest.approx(
       (20 / 8) * 1.0 / (2 * 0.1 + 1.5))
   # As the loop makes the calls: each step's first draft call the 2-token re-feed.
   made = dict(cost, t_draft_refeed_d=0.16)
-  assert speed.ideal_end_to_end(2, 20, 8, 2, made, 'd', refeed=True) == pytest.approx(
+  assert grid.ideal_end_to_end(2, 20, 8, 2, made, 'd', refeed=True) == pytest.approx(
       (2 * 5.0 + 20 * 1.0) / (2 * 6.0 + 8 * (0.16 + 0.1 + 1.5)))
 
 

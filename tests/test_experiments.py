@@ -11,7 +11,7 @@ from conftest import load_script, random_inputs
 from specdec_t5x.algorithm import api
 from specdec_t5x.algorithm.config import DecodeConfig, GammaPolicy
 from specdec_t5x.research import experiments as registry
-from specdec_t5x.research.measure import compare as experiments, speed
+from specdec_t5x.research.measure import compare as experiments, grid
 from specdec_t5x.research.results import harness
 
 pytestmark = pytest.mark.slow  # a results table's tooling, not the decode path
@@ -63,11 +63,11 @@ def test_every_preset_parses_and_names_a_chain_to_compare_with():
 
 
 def _timings(target, draft, enc, decodes, temperature=0.0, batch=1):
-  fns = {experiments.BASE: speed.Decoder(target, None, enc, 10,
+  fns = {experiments.BASE: grid.Decoder(target, None, enc, 10,
                                          DecodeConfig(temperature=temperature), batch=batch)}
   for spec in decodes:
     settings, _ = experiments.parse_decode(spec)
-    fns[spec] = speed.Decoder(target, draft, enc, 10,
+    fns[spec] = grid.Decoder(target, draft, enc, 10,
                               DecodeConfig(temperature=temperature, **settings), batch=batch)
   return harness.interleaved(fns, 1)
 
@@ -128,7 +128,7 @@ def test_the_script_writes_a_named_experiment(tmp_path, capsys):
   assert "unknown part 'q'" in capsys.readouterr().err
 
 
-class _Recorded(speed.Decoder):
+class _Recorded(grid.Decoder):
   """A Decoder whose runs return fixed counts and record their seeds (no model)."""
   seeds = []  # of every run, in order
 

@@ -24,7 +24,7 @@ from specdec_t5x.algorithm import stats as stats_lib
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.algorithm.drafts import CopyDraft
 from specdec_t5x.research.experiments._base import Preset
-from specdec_t5x.research.measure import demo_data, evaluation, speed, timed_rows
+from specdec_t5x.research.measure import demo_data, evaluation, grid, timed_rows
 from specdec_t5x.research.measure.decode_specs import (DEFAULT_DRAFT, is_chain,  # noqa: F401
                                                parse_decode)
 
@@ -53,14 +53,14 @@ class Drafts:
 
 
 def decoders(target, enc: np.ndarray, exp: Preset, task: str, temperature: float,
-             drafts: Drafts) -> Dict[str, speed.Decoder]:
-  """{name: speed.Decoder} for AR and each of exp.decodes, over the rows of `enc`."""
+             drafts: Drafts) -> Dict[str, grid.Decoder]:
+  """{name: grid.Decoder} for AR and each of exp.decodes, over the rows of `enc`."""
   batch = exp.batch or len(enc)
-  out = {BASE: speed.Decoder(target, None, enc, exp.max_len,
+  out = {BASE: grid.Decoder(target, None, enc, exp.max_len,
                              DecodeConfig(gamma=1, temperature=temperature), batch=batch)}
   for spec in exp.decodes.split(','):
     settings, draft = parse_decode(spec)
-    out[spec] = speed.Decoder(target, drafts[draft], enc, exp.max_len,
+    out[spec] = grid.Decoder(target, drafts[draft], enc, exp.max_len,
                               DecodeConfig(temperature=temperature, **settings), batch=batch)
   return out
 
@@ -99,7 +99,7 @@ def rows_of(timings: Any, task: str, temperature: float, vocab=None, refs=None
   return rows
 
 
-def precise_tokens_per_call(decoder: speed.Decoder, seeds: int) -> Tuple[float, float]:
+def precise_tokens_per_call(decoder: grid.Decoder, seeds: int) -> Tuple[float, float]:
   """(mean, standard error) of per-row tokens per target call over `seeds` runs of
   `decoder` (each seed a different rng), so that a few-percent difference between two
   exact samplers resolves. A greedy decoder runs once: its rows do not depend on the rng

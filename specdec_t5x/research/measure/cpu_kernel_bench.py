@@ -33,7 +33,7 @@ import jax.numpy as jnp
 
 from specdec_t5x.algorithm import network, timing
 from specdec_t5x.algorithm.cpu import modes
-from specdec_t5x.research.measure import demo_data, evaluation, measurement, speed
+from specdec_t5x.research.measure import demo_data, evaluation, grid, measurement
 from specdec_t5x.research.results import harness
 
 # The table's names of DecodeConfig.cpu_kernels's modes ('packed': bfloat16 panels).
@@ -54,7 +54,7 @@ def measure(args, script: str) -> dict:
   costs = {}
   for mode in MODES:
     with kernels(mode):
-      c = speed.costs(target, {'m': draft}, enc, [args.gamma], max_len=args.max_len,
+      c = grid.costs(target, {'m': draft}, enc, [args.gamma], max_len=args.max_len,
                       repeats=args.repeats)
     costs[mode] = {k: v * 1e3 for k, v in c.items()}  # milliseconds
     print(mode, json.dumps(costs[mode]), flush=True)
@@ -85,7 +85,7 @@ def measure(args, script: str) -> dict:
     row = dict(size=size)
     for mode in MODES:
       with kernels(mode):
-        c = speed.costs(model, {}, enc[:1], [args.gamma], max_len=args.max_len,
+        c = grid.costs(model, {}, enc[:1], [args.gamma], max_len=args.max_len,
                         repeats=args.repeats)
       row[mode] = {k: v * 1e3 for k, v in c.items()}
       row[f'r_{mode}'] = c[verify] / c['t_target_step']

@@ -18,7 +18,7 @@ from specdec_t5x.algorithm import batching
 from specdec_t5x.algorithm import stats as stats_lib
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.integration import infer_output, metrics
-from specdec_t5x.research.measure import evaluation, speed, timed_rows
+from specdec_t5x.research.measure import evaluation, grid, timed_rows
 from specdec_t5x.research.results import harness
 
 
@@ -45,10 +45,10 @@ def quality(task: str, refs: Sequence[str], preds: Sequence[str]) -> Dict[str, f
 
 def row_decoder(target, enc: np.ndarray, max_len: int, draft=None,
                 **settings: Any) -> Callable[[], List[Any]]:
-  """speed.Decoder over the rows of enc [N, L] (each alone, batch 1, at its length
+  """grid.Decoder over the rows of enc [N, L] (each alone, batch 1, at its length
   bucket) with DecodeConfig(**settings); calling it returns the N outputs. Time it with
   harness.interleaved."""
-  return speed.Decoder(target, draft, enc, max_len, DecodeConfig(**settings))
+  return grid.Decoder(target, draft, enc, max_len, DecodeConfig(**settings))
 
 
 def rates(stats: Dict[str, int]) -> Dict[str, Any]:

@@ -75,7 +75,7 @@ def part_costs(args, models, enc) -> Dict[str, Any]:
 
 
 def step_costs(costs: Dict[str, Any], draft: str, name: str) -> Dict[str, float]:
-  """The measured costs in speed.costs' keys, for `draft` (a size) named `name`."""
+  """The measured costs in grid.costs' keys, for `draft` (a size) named `name`."""
   t, d = costs['sizes'][costs['target']], costs['sizes'][draft]
   out = {'t_target_step': t['call_s'][1], 't_prefill_target': t['prefill_s'],
          f't_draft_step_{name}': d['call_s'][1], f't_prefill_draft_{name}': d['prefill_s']}

@@ -31,7 +31,7 @@ from typing import List
 from tqdm import tqdm
 
 from specdec_t5x.algorithm import api, batching, sampling, timing
-from specdec_t5x.research.measure import evaluation, measurement, speed
+from specdec_t5x.research.measure import evaluation, grid, measurement, speed
 from specdec_t5x.research.results import harness
 
 # HEAD: --head's default, the draft of configs/demo.gin
@@ -64,7 +64,7 @@ def _ratio(cost, name):
 
 def by_length(target, drafts, head, n, max_len, gammas, repeats):
   """speed.sweep over three groups of EN->DE inputs split by AR output length, each with
-  the call costs of its median-length input (speed.costs at that input's length bucket)."""
+  the call costs of its median-length input (grid.costs at that input's length bucket)."""
   examples = evaluation.load_examples('ende', n)
   enc_all = batching.pad_batch([e.inputs for e in examples])
   ar = api.generate(target, enc_all, max_decode_length=max_len)
@@ -78,7 +78,7 @@ def by_length(target, drafts, head, n, max_len, gammas, repeats):
     enc = batching.pad_batch([examples[i].inputs for i in sorted(part)])
     median = sorted(part, key=lambda i: len(examples[i].inputs))[len(part) // 2]
     row = batching.pad_batch([examples[median].inputs])
-    cost = speed.costs(target, drafts, row, gammas, max_len=max_len)
+    cost = grid.costs(target, drafts, row, gammas, max_len=max_len)
     res = speed.sweep(target, drafts, enc, max_len, gammas, sampling.SamplingConfig(0.0), cost,
                       repeats)
     groups.append({'output_tokens': [int(lengths[part].min()), int(lengths[part].max())],
@@ -101,7 +101,7 @@ def measure(args, script: str) -> dict:
     rows = acceptance(target, drafts, tasks, args.temperatures, args.gammas,
                       args.num_examples, args.max_len, bar)
   enc = batching.pad_batch([e.inputs for e in evaluation.load_examples('ende', 8)])
-  cost = speed.costs(target, drafts['ende'], enc, args.timed_gammas, max_len=args.max_len)
+  cost = grid.costs(target, drafts['ende'], enc, args.timed_gammas, max_len=args.max_len)
   first = {f't_head_first_call_{g + 1}': (*drafts['ende'][head], g + 1) for g in args.timed_gammas}
   cost.update(timing.call_costs(first, batching.trim_batch(enc[:1]), repeats=7,
                                       cache_len=args.max_len + max(args.timed_gammas) + 1))

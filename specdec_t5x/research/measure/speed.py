@@ -1,9 +1,8 @@
 """Autoregressive vs speculative decoding timed on the same inputs: gamma sweeps with the
 paper's and the end-to-end ideal, and batch throughput.
 
-The row decoders, the timing grid and the call costs are grid.py's (Decoder, costs and
-ideal_end_to_end are re-exported here); the demo family and its data load through
-evaluation.py.
+The row decoders, the timing grid and the call costs are grid.py's; the demo family and
+its data load through evaluation.py.
 """
 
 from __future__ import annotations
@@ -20,8 +19,6 @@ from specdec_t5x.research.measure import batched, evaluation, grid
 from specdec_t5x.research.results import harness
 
 ModelAndParams = Tuple[Any, Any]
-# Re-exported: the row decoder and call costs many measurements take from here.
-Decoder, costs, ideal_end_to_end = grid.Decoder, grid.costs, grid.ideal_end_to_end
 
 
 def _rows(grid_: grid.Grid, name: str, cost: Dict[str, float],
@@ -40,7 +37,7 @@ def _rows(grid_: grid.Grid, name: str, cost: Dict[str, float],
     measured = timed['speedup']
     e2e = None
     if 't_prefill_target' in cost:
-      e2e = ideal_end_to_end(len(dec.enc), float(ar.stats['target_calls'].sum()),
+      e2e = grid.ideal_end_to_end(len(dec.enc), float(ar.stats['target_calls'].sum()),
                              float(s['target_calls'].sum()), g, cost, name) * (
                                  spec_tokens / ar_tokens)
     rows.append({
@@ -144,7 +141,7 @@ def demo_speedups(target_name: str, draft_names: Sequence[str], tasks: Sequence[
   for task in tasks:
     enc = batching.pad_batch([e.inputs for e in examples[task]])  # rows run at their buckets
     drafts_ = {name: evaluation.load_model(name, task) for name in draft_names}
-    cost = costs(target, drafts_, enc, gammas, cost_calls, cost_repeats, max_len=max_len)
+    cost = grid.costs(target, drafts_, enc, gammas, cost_calls, cost_repeats, max_len=max_len)
     if progress is not None:
       progress.update(1)
     for temp in temperatures:

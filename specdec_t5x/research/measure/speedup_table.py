@@ -27,7 +27,7 @@ from typing import List, Optional, Sequence
 from tqdm import tqdm
 
 from specdec_t5x.integration import infer
-from specdec_t5x.research.measure import demo_data, evaluation, measurement, speed
+from specdec_t5x.research.measure import demo_data, evaluation, grid, measurement, speed
 from specdec_t5x.research.results import harness
 
 
@@ -49,7 +49,7 @@ def run_gin(args, gammas):
   drafts = {str(name).rstrip('/').split('/')[-2] if '/' in str(name) else str(name): run['draft']}
   gammas = gammas or [run['model'].gamma]
   bar = tqdm(total=2, desc='speedup', unit='step')
-  cost = speed.costs(run['target'], drafts, run['enc'], gammas, args.cost_calls,
+  cost = grid.costs(run['target'], drafts, run['enc'], gammas, args.cost_calls,
                          args.cost_repeats, max_len=run['max_len'])
   bar.update(1)
   res = speed.sweep(run['target'], drafts, run['enc'], run['max_len'], gammas,

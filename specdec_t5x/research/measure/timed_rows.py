@@ -1,6 +1,6 @@
 """What every result row says of a timed decode: its median seconds, its speedup over the
 base decode (AR) and whether its tokens equal the base's, from harness.interleaved's
-timings of decoders whose outputs are lists of `api.generate` outputs (speed.Decoder).
+timings of decoders whose outputs are lists of `api.generate` outputs (grid.Decoder).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from specdec_t5x.algorithm import stats as stats_lib
 
 def row_totals(outs: Sequence[Any]) -> Tuple[np.ndarray, Dict[str, int]]:
   """-> (tokens [N, max_len] of every row of every output, the per-example statistics
-  summed over the rows) of a speed.Decoder's outputs (batches of any size)."""
+  summed over the rows) of a grid.Decoder's outputs (batches of any size)."""
   tokens = np.concatenate([np.asarray(o.tokens) for o in outs])
   return tokens, {k: int(sum(np.asarray(o.stats[k]).sum() for o in outs))
                   for k in stats_lib.PER_EXAMPLE_STATS}
@@ -35,7 +35,7 @@ class Timed:
 def timed(timings: Any, base: str = 'AR',
           totals: Callable[[Sequence[Any]], Tuple[np.ndarray, Dict[str, Any]]] = row_totals
           ) -> List[Timed]:
-  """Per name of harness.interleaved over speed.Decoder fns, in order: its tokens and
+  """Per name of harness.interleaved over grid.Decoder fns, in order: its tokens and
   statistics (`totals` of its outputs), its median seconds, its speedup over `base` and
   whether its tokens equal `base`'s: what every result row says of a timed decode."""
   med = timings.median
