@@ -29,6 +29,7 @@ _CHILD = textwrap.dedent('''
     os.environ['XLA_FLAGS'] += ' --xla_backend_optimization_level=0'
     import jax, jax.numpy as jnp, numpy as np
     from specdec_t5x.algorithm import api, feature_draft, network
+    from specdec_t5x.algorithm.cpu import packing
     from specdec_t5x.algorithm.config import DecodeConfig
     from specdec_t5x.integration import partitioning
     from specdec_t5x.research.measure import hlo_loops
