@@ -205,13 +205,29 @@ def _private(name: str) -> bool:
   return name.startswith('_') and not (name.startswith('__') and name.endswith('__'))
 
 
+def _private_module(dotted: str, path: pathlib.Path):
+  """The private module (a leading-underscore part) that `dotted` names, when `path` lies
+  outside the package holding it (a package's own modules may share it); else None."""
+  parts = dotted.split('.')
+  if parts[0] != 'specdec_t5x':
+    return None
+  for i, part in enumerate(parts):
+    if _private(part):
+      return None if ROOT.joinpath(*parts[:i]) in path.parents else '.'.join(parts[:i + 1])
+  return None
+
+
 def _private_uses(path: pathlib.Path):
   """`module.name` for each private name of another library module the file reads:
   `from m import _x`, or `m._x` where m is bound by an import (`import a.b as m`,
-  `from a import m`) or spelled out (`a.b._x`)."""
+  `from a import m`) or spelled out (`a.b._x`); and each private module of another package
+  it imports (`from a._m import x`)."""
   tree = ast.parse(path.read_text(encoding='utf-8'))
   bound, out = {}, set()  # local name -> library module
   for node in ast.walk(tree):
+    names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+             [node.module] if isinstance(node, ast.ImportFrom) else [])
+    out.update(m for m in map(lambda n: _private_module(n, path), names) if m)
     if isinstance(node, ast.Import):
       for alias in node.names:
         if alias.asname and alias.name in LIBRARY:
@@ -244,6 +260,15 @@ def test_no_private_names_across_modules():
   files = sorted(PACKAGE.rglob('*.py')) + sorted((ROOT / 'scripts').glob('*.py'))
   found = sorted(f'{p.relative_to(ROOT)} uses {use}' for p in files for use in _private_uses(p))
   assert not found, '\n'.join(found)
+
+
+def test_the_private_name_check_sees_private_modules_of_other_packages():
+  name = 'specdec_t5x.research.experiments._base'
+  inside = PACKAGE / 'research' / 'experiments' / 'tree.py'
+  outside = PACKAGE / 'research' / 'results' / 'reproduce.py'
+  assert _private_module(name, inside) is None  # the package's own modules share it
+  assert _private_module(name, outside) == name
+  assert _private_module('specdec_t5x.research.experiments', outside) is None
 
 
 def test_the_private_name_check_sees_both_spellings(tmp_path):

@@ -33,9 +33,9 @@ from specdec_t5x.algorithm import rows, sampling
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.algorithm.decode.core import (DecodeState, ExtendFn, count_step, emit, finish,
                                                init_state, split_keys, with_prompt)
-from specdec_t5x.algorithm.decode.drafting import (DraftVocabulary, draft_block,
-                                                   draft_unrolled, feature_drafter,
-                                                   full_distributions, propose, token_drafter)
+from specdec_t5x.algorithm.decode.drafting import (draft_block, draft_unrolled,
+                                                   feature_drafter, propose, token_drafter)
+from specdec_t5x.algorithm.draft_vocab import DraftVocabulary, full_distributions
 from specdec_t5x.algorithm.stats import DecodeStats
 
 

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from specdec_t5x.algorithm import rows, sampling
-from specdec_t5x.algorithm.draft_vocab import DraftVocabulary, full_distributions
+from specdec_t5x.algorithm.draft_vocab import DraftVocabulary
 
 
 def propose(logits, keys, i, cfg: sampling.Settings,

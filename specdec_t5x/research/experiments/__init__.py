@@ -22,7 +22,8 @@ import importlib
 import pkgutil
 from typing import Any, Callable, Dict, Tuple
 
-from specdec_t5x.research.experiments._base import Check, Experiment, Preset, Step  # noqa: F401
+from specdec_t5x.research.experiments._base import (RESULTS, Check, Experiment,  # noqa: F401
+                                                     Preset, Step)
 
 
 def _discover() -> Tuple[Experiment, ...]:

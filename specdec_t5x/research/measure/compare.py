@@ -23,7 +23,7 @@ import numpy as np
 from specdec_t5x.algorithm import stats as stats_lib
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.algorithm.drafts import CopyDraft
-from specdec_t5x.research.experiments._base import Preset
+from specdec_t5x.research.experiments import Preset
 from specdec_t5x.research.measure import demo_data, evaluation, grid, timed_rows
 from specdec_t5x.research.measure.decode_specs import (DEFAULT_DRAFT, is_chain,  # noqa: F401
                                                parse_decode)

@@ -17,8 +17,7 @@ import fnmatch
 import tempfile
 from typing import Any, Dict, List, Sequence
 
-from specdec_t5x.research.experiments import CHECKS
-from specdec_t5x.research.experiments._base import Check
+from specdec_t5x.research.experiments import CHECKS, Check
 from specdec_t5x.research.results import reproduce
 
 

@@ -21,8 +21,8 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from specdec_t5x.integration import run_dir
-from specdec_t5x.research.experiments import HEADLINES, SPEEDUP_BOX, STEPS
-from specdec_t5x.research.experiments._base import RESULTS, Step  # noqa: F401 (Step: its type)
+from specdec_t5x.research.experiments import (RESULTS, HEADLINES, SPEEDUP_BOX,  # noqa: F401
+                                              STEPS, Step)  # STEPS, Step: re-exported
 
 LOG = 'reproduce_log'  # {root}/reproduce_log.json: the last run's steps and seconds, not a result
 README_BEGIN = '<!-- results table: rendered by scripts/reproduce_results.py --readme -->'
