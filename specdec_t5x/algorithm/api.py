@@ -13,13 +13,14 @@ from typing import Any, Callable, Optional, Tuple
 
 import flax.struct
 import jax
-import jax.numpy as jnp
+import numpy as np
 
 from specdec_t5x.algorithm import checks, feature_draft, network
 from specdec_t5x.algorithm.decode import chain, core, dynamic_tree, static_tree
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.algorithm.cpu import modes, packing
-from specdec_t5x.algorithm.programs import BoundProgram, memoized_program, program_key
+from specdec_t5x.algorithm.programs import (BoundProgram, memoized_program, program_key,
+                                            run_time_constant)
 from specdec_t5x.algorithm.stats import DecodeStats
 
 ModelAndParams = Tuple[Any, Any]  # (flax module with encode/init_cache/extend, params)
@@ -230,7 +231,7 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
   prompt = None if decoder_prompt is None else checks.decoder_prompt(decoder_prompt, tokens.shape[0],
                                                              int(max_decode_length))
   out_tokens, stats = fn(packing.decode_variables(target_module, target_params, mode), draft_vars,
-                         tokens, rng, jnp.int32(eos_id), prompt)
+                         tokens, rng, run_time_constant(eos_id, np.int32), prompt)
   checks.cache_writes(stats)
   checks.finite(stats)
   return GenerateOutput(out_tokens, stats)

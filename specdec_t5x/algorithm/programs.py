@@ -5,7 +5,11 @@ such memo uses (`program_key`), and a decode program bound to its sampling value
 from __future__ import annotations
 
 import collections
+import functools
 from typing import Any, Callable
+
+import jax
+import numpy as np
 
 from specdec_t5x.algorithm.cpu import modes
 
@@ -43,13 +47,27 @@ def memoized_program(memo: 'collections.OrderedDict[Any, Any]', key: Any,
   return memo[key]
 
 
+def run_time_constant(value: Any, dtype: Any) -> jax.Array:
+  """`value` (a scalar or a small array) as a device array of `dtype`, made once per value:
+  the run-time arguments every call of a program repeats (the EOS id, the sampling values)
+  move to the device once, not with every call. Uncommitted, as jnp.asarray makes it, so a
+  partitioned program places it where it needs it."""
+  array = np.asarray(value, dtype)
+  return _device_constant(array.tobytes(), array.dtype.str, array.shape)
+
+
+@functools.lru_cache(maxsize=256)
+def _device_constant(data: bytes, dtype: str, shape: tuple) -> jax.Array:
+  return jax.numpy.asarray(np.frombuffer(data, dtype).reshape(shape))
+
+
 class BoundProgram:
   """A jitted api.decode_program called with fixed run-time sampling values
   (SamplingConfig.values): calls and `lower` take the program's positional arguments
   (target_vars, draft_vars, encoder_tokens, rng, eos_id[, prompt]), not `sampling`."""
 
   def __init__(self, program: Any, values: Any):
-    self.program, self.values = program, values
+    self.program, self.values = program, run_time_constant(values, np.float32)
 
   def __call__(self, *args):
     return self.program(*_with_prompt(args), sampling=self.values)

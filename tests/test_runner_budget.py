@@ -1,0 +1,69 @@
+"""The runner's per-batch work outside the compiled program, counted (not timed): a warm
+batch compiles nothing, runs the decode program once, and moves to the device only what
+the batch is made of (its input tokens and its key)."""
+import collections
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from specdec_t5x.algorithm import programs
+from specdec_t5x.algorithm.config import DecodeConfig
+from specdec_t5x.algorithm.network import T5Config, Transformer
+from specdec_t5x.integration import infer_run, models
+
+CFG = T5Config(vocab_size=48, emb_dim=16, num_heads=2, num_encoder_layers=1,
+               num_decoder_layers=1, head_dim=8, mlp_dim=32, dropout_rate=0.0,
+               mlp_activations=('gelu', 'linear'))
+DRAFT_CFG = dataclasses.replace(CFG, emb_dim=8, num_heads=1)
+
+
+class _Vocab:
+  def decode(self, ids):
+    return ' '.join(map(str, ids))
+
+
+class _Counts:
+  """XLA compiles (jax.monitoring's compile events) and decode-program calls."""
+
+  def __init__(self, monkeypatch):
+    self.events = collections.Counter()
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda name, *a, **k: self.events.update([name]))
+    call = programs.BoundProgram.__call__
+
+    def counted(program, *args):
+      self.events.update(['decode program call'])
+      return call(program, *args)
+    monkeypatch.setattr(programs.BoundProgram, '__call__', counted)
+
+  def compiles(self):
+    return sum(n for name, n in self.events.items() if 'compile' in name)
+
+
+@pytest.mark.parametrize('speculative', [True, False])
+def test_a_warm_batch_compiles_nothing_and_moves_only_its_inputs(monkeypatch, capfd,
+                                                                  speculative):
+  kw = dict(draft_config=DRAFT_CFG, draft_params=models.init_params(
+      Transformer(DRAFT_CFG), jax.random.PRNGKey(1))) if speculative else {}
+  model = models.StandaloneSpeculativeModel(
+      Transformer(CFG), decode_config=DecodeConfig(gamma=3, temperature=1.0), **kw)
+  params = models.init_params(Transformer(CFG), jax.random.PRNGKey(0))
+  runner = infer_run.BatchRunner(model, params, None, _Vocab(), input_len=16, max_len=8,
+                                 rng=jax.random.PRNGKey(0))
+  rows = [{'inputs': np.arange(2, 2 + n, dtype=np.int32)} for n in (7, 4)]
+  counts = _Counts(monkeypatch)
+  runner.run(0, rows, {})  # compiles
+  assert counts.compiles() > 0  # the counter sees compiles
+  counts.events.clear()
+  capfd.readouterr()
+  with jax.transfer_guard_host_to_device('log_explicit'):
+    lines = runner.run(1, rows[::-1], {})  # the same bucket: warm
+  transfers = capfd.readouterr().err.count('host-to-device transfer')
+  assert len(lines) == 2
+  assert counts.compiles() == 0, dict(counts.events)
+  assert counts.events['decode program call'] == 1
+  # The encoder tokens and the batch's key (fold_in of its index): nothing per weight,
+  # per setting or per statistic.
+  assert transfers == 2, transfers
