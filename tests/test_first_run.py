@@ -94,7 +94,8 @@ def test_needs_build_only_without_a_built_library(tmp_path, monkeypatch):
 def _metrics(out, baseline):
   m = {'task': 'demo_ende', 'speculative': True, 'gamma': 1, 'metrics': {'bleu': 9.45},
        'alpha_empirical': 0.643, 'mean_tokens_per_target_call': 1.61,
-       'predictions_file': 'demo_ende-predict.jsonl-00000-of-00001'}
+       'predictions_file': 'demo_ende-predict.jsonl-00000-of-00001',
+       'target_config': {'dtype': 'bfloat16'}, 'cpu_kernels': 'packed_bf16', 'platform': 'cpu'}
   if baseline:
     m['baseline'] = {'metrics': {'bleu': 9.45},
                      'predictions_file': 'demo_ende-predict-baseline.jsonl-00000-of-00001'}
@@ -118,6 +119,9 @@ def test_summary_says_where_the_outputs_are_and_when_a_run_was_reused(tmp_path, 
   assert 'reused' not in fresh and 'decode again' not in fresh
   infer_output.print_summary(m, str(tmp_path), reused=True)
   reused = capsys.readouterr().out.splitlines()
+  if baseline:  # the speedup says what arithmetic the two decodes ran in
+    speed = next(line for line in fresh.splitlines() if line.startswith('walltime speedup'))
+    assert speed.endswith('(bfloat16, CPU kernels packed_bf16)'), speed
   assert reused[0].startswith(f'reused the run finished in {tmp_path} at ')
   assert 'nothing decoded' in reused[0] and '\n'.join(reused[1:-1]) == fresh.rstrip('\n')
   assert reused[-1] == (f'to decode again: delete {tmp_path} (or its metrics.json), or pass '

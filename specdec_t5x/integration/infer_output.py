@@ -112,6 +112,16 @@ def build_cpu_kernels(mode: str) -> None:
   note(f' done ({time.perf_counter() - tick:.1f} s)' if built else " failed: XLA's ops are used")
 
 
+def _arithmetic(m: Mapping[str, Any]) -> str:
+  """' (bfloat16, CPU kernels packed_bf16)': the weights' dtype the two decodes compared in,
+  and on the CPU the kernel mode ('' where metrics.json does not say)."""
+  dtype = (m.get('target_config') or {}).get('dtype')
+  if not dtype:
+    return ''
+  kernels = m.get('cpu_kernels') if m.get('platform') == 'cpu' else None
+  return f" ({dtype}" + (f', CPU kernels {kernels}' if kernels else '') + ')'
+
+
 def print_summary(m: Mapping[str, Any], output_dir: str, metrics_name: str = 'metrics.json',
                   reused: bool = False) -> None:
   """The run's few lines on stdout: quality, acceptance and (with a baseline) speed, and
@@ -135,7 +145,8 @@ def print_summary(m: Mapping[str, Any], output_dir: str, metrics_name: str = 'me
           f"{m.get('mean_tokens_per_target_call') or 0:.2f} tokens per target call, gamma "
           f"{gamma}")
   if base:
-    print(f"walltime speedup {timing.format_speedup(m.get('walltime_speedup_stats'))}")
+    print(f"walltime speedup {timing.format_speedup(m.get('walltime_speedup_stats'))}"
+          + _arithmetic(m))
   files = [metrics_name, 'config.gin', m['predictions_file']] + (
       [base['predictions_file']] if base else [])
   files = [f for f in files if os.path.isfile(os.path.join(output_dir, f))]
