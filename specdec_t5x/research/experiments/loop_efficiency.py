@@ -7,24 +7,18 @@ from specdec_t5x.research.results import headlines
 _RUN = ('--experiment=loop_efficiency',)
 _RANDOM = ('--num_examples', '4', '--max_len', '32', '--gammas', '3', '--temperatures', '0',
            '--matmuls', 'packed')
-_MADE_WITH = 'python scripts/loop_efficiency.py '
-
-
-def _step(name: str, flags: tuple, **kw) -> Step:
-  """A step of compare_decodes.py --experiment=loop_efficiency with `flags`, the committed
-  file made by the script since folded into it with the same flags."""
-  return Step(name, 'compare_decodes.py', _RUN + flags, made_with=_MADE_WITH + ' '.join(flags),
-              headline=headlines.loop_efficiency, **kw)
-
+_KW = dict(made_by='loop_efficiency.py', headline=headlines.loop_efficiency)
 
 EXPERIMENT = Experiment(
     'loop_efficiency', order=70, measure='specdec_t5x.research.measure.loop_efficiency', steps=(
-        _step('loop_efficiency', ('--num_examples', '12', '--gammas', '2,3,4', '--temperatures',
-                                  '0,1', '--repeats', '5'),
-              quick=_RUN + ('--num_examples', '2', '--gammas', '3', '--temperatures', '0',
-                            '--repeats', '1', '--matmuls', 'packed')),
-        _step('loop_efficiency_batch8', ('--num_examples', '16', '--batch', '8', '--matmuls',
-                                         'packed')),
-        _step('loop_efficiency_t5_1_1_small', ('--random_target', 'small') + _RANDOM),
-        _step('loop_efficiency_t5_1_1_base', ('--random_target', 'base') + _RANDOM),
+        Step('loop_efficiency', 'compare_decodes.py', _RUN + (
+            '--num_examples', '12', '--gammas', '2,3,4', '--temperatures', '0,1', '--repeats',
+            '5'), quick=_RUN + ('--num_examples', '2', '--gammas', '3', '--temperatures', '0',
+                                '--repeats', '1', '--matmuls', 'packed'), **_KW),
+        Step('loop_efficiency_batch8', 'compare_decodes.py', _RUN + (
+            '--num_examples', '16', '--batch', '8', '--matmuls', 'packed'), **_KW),
+        Step('loop_efficiency_t5_1_1_small', 'compare_decodes.py',
+             _RUN + ('--random_target', 'small') + _RANDOM, **_KW),
+        Step('loop_efficiency_t5_1_1_base', 'compare_decodes.py',
+             _RUN + ('--random_target', 'base') + _RANDOM, **_KW),
     ))
