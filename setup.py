@@ -36,7 +36,7 @@ setup(
         # keeps the fast set (tests/conftest.py registers the markers).
         # gcp-storage-emulator, cryptography: a local GCS for gs:// checkpoints
         # (tests/gcs_emulator.py, tests/test_remote_checkpoints.py). ctranslate2: the
-        # peer benchmark's CPU engine (scripts/bench_peers.py, tests/test_peers.py).
+        # peer benchmark's CPU engine (compare_decodes.py --experiment=peers, tests/test_peers.py).
         "test": ["pytest", "pytest-xdist", "scipy", "torch==2.13.0", "transformers", "safetensors",
                  "gcp-storage-emulator", "cryptography", "ctranslate2"],
     },

@@ -1,22 +1,17 @@
-"""research/measure/cost_curve.py and scripts/cpu_cost_curve.py: verify-call costs by model
-size, the acceptance each speedup needs, and a run that resumes from its saved cells."""
+"""research/measure/cost_curve.py (compare_decodes.py --experiment=cpu_cost_curve):
+verify-call costs by model size, the acceptance each speedup needs, and a run that resumes
+from its saved cells."""
 
-import importlib.util
 import json
 import pathlib
 
 import pytest
+from conftest import load_script
 
 from specdec_t5x.algorithm import theory
 from specdec_t5x.research.measure import cost_curve
 
 pytestmark = pytest.mark.slow  # a results table's tooling, not the decode path
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location('cpu_cost_curve',
-                                               REPO / 'scripts' / 'cpu_cost_curve.py')
-script = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(script)
 
 
 def _cell(step, verify, size='base'):
@@ -59,7 +54,7 @@ def test_a_small_run_writes_its_files_and_resumes(tmp_path, monkeypatch):
   timed = []
   real = cost_curve.measure
   monkeypatch.setattr(cost_curve, 'measure', lambda *a: timed.append(a[:3]) or real(*a))
-  script.main(argv)
+  load_script('compare_decodes').main(['--experiment=cpu_cost_curve'] + argv)
   assert timed == [('demo', 'float32', 'xla')]
   data = json.loads(pathlib.Path(out + '.json').read_text())
   assert [(c['size'], c['mode']) for c in data['cells']] == [('demo', 'packed'), ('demo', 'xla')]

@@ -59,6 +59,18 @@ def test_a_measurement_parses_its_flags_and_writes_its_report(tmp_path, capsys):
   assert '| 8 |' in (tmp_path / 'x.md').read_text() and '# T' in capsys.readouterr().out
 
 
+def test_a_measurements_setup_runs_first_and_adds_to_the_environment(tmp_path):
+  """`setup(args)` runs before `measure`, and what it returns joins the report's
+  environment (a library's version, a thread count it set)."""
+  calls = []
+  m = measurement.Measurement(
+      'x', 'doc', lambda args, script: calls.append('measure') or {'n': 1},
+      lambda report: [], prints=False, flags=dict(threads=dict(type=int, default=2)),
+      setup=lambda args: calls.append('setup') or {'threads_set': args.threads})
+  data = m.main(['--threads', '3', '--out', str(tmp_path / 'x')], 'scripts/y.py')
+  assert calls == ['setup', 'measure'] and data['environment']['threads_set'] == 3
+
+
 def test_pairs_parses_key_values_and_refuses_malformed_items():
   assert harness.pairs('ende=3, summarize=1,', float) == {'ende': 3.0, 'summarize': 1.0}
   assert harness.pairs('') == {} and harness.pairs('a=x=y') == {'a': 'x=y'}

@@ -1,4 +1,5 @@
-"""scripts/loop_efficiency.py at tiny sizes, research/measure/loop_profile.py's attribution,
+"""compare_decodes.py --experiment=loop_efficiency (research/measure/loop_efficiency.py) at
+tiny sizes, research/measure/loop_profile.py's attribution,
 and the timing grid's row decoders and rows (research/measure/grid.py).
 
 The script's greedy decodes are checked against research/measure/reference.py's T5X-style greedy
@@ -130,9 +131,10 @@ def test_tiny_run_writes_the_table_and_keeps_the_tokens(tmp_path, monkeypatch):
   # (~0.2 ms) are within the jitter of a 2-core machine running two test workers, and
   # their cost read as 0. Sampled (t = 1), the path with the most loop work; greedy
   # (t = 0), whose tokens are known.
-  load_script('loop_efficiency').main(['--tiny', '--out', str(out), '--gammas', '2',
-                                       '--temperatures', '0,1', '--repeats', '1',
-                                       '--matmuls', 'packed', '--ladder_calls', '600'])
+  load_script('compare_decodes').main(['--experiment=loop_efficiency', '--tiny', '--out',
+                                       str(out), '--gammas', '2', '--temperatures', '0,1',
+                                       '--repeats', '1', '--matmuls', 'packed',
+                                       '--ladder_calls', '600'])
   greedy = [d for d in decoders if d.config.temperature == 0]
   assert sorted(_name(d) for d in greedy) == ['ar', 'self', 'small']
   for dec in greedy:  # AR and both drafts: the target's greedy tokens, row by row
@@ -180,10 +182,10 @@ def test_tiny_run_writes_the_table_and_keeps_the_tokens(tmp_path, monkeypatch):
 def test_tiny_batched_run_counts_loop_iterations(tmp_path, monkeypatch):
   out = tmp_path / 'loop'
   decoders = _record_decoders(monkeypatch)
-  load_script('loop_efficiency').main(['--tiny', '--out', str(out), '--gammas', '2',
-                                       '--temperatures', '0', '--repeats', '1',
-                                       '--matmuls', 'packed', '--ladder_calls', '600',
-                                       '--batch', '2'])
+  load_script('compare_decodes').main(['--experiment=loop_efficiency', '--tiny', '--out',
+                                       str(out), '--gammas', '2', '--temperatures', '0',
+                                       '--repeats', '1', '--matmuls', 'packed',
+                                       '--ladder_calls', '600', '--batch', '2'])
   data = json.loads(out.with_suffix('.json').read_text())
   ladder = data['matmuls']['packed']['ladder_s']
   assert min(v for rung in ladder.values() for v in rung.values()) > 0

@@ -145,7 +145,8 @@ def test_bfloat16_cached_decode_equals_t5x_teacher_forced(version, tokens_per_ca
   cached logits (1 or 3 tokens per call) equal T5X's teacher-forced logits bit for bit at
   these sizes. (At larger sizes XLA's CPU dot can round a bfloat16 output differently
   with the number of rows in the call, so speculative verification can differ from
-  one-token calls in the last bit; scripts/bf16_agreement.py measures it.)"""
+  one-token calls in the last bit; compare_decodes.py --experiment=bf16_agreement
+  measures it.)"""
   ours, theirs = _modules(version, dtype=jnp.bfloat16)
   rs = np.random.RandomState(2)
   enc = jnp.asarray(rs.randint(2, VOCAB, (3, 11)), jnp.int32).at[1, 7:].set(0)

@@ -37,8 +37,9 @@ def _flags(command: str):
 
 def test_every_committed_result_is_a_step_with_its_recorded_flags():
   """A step's command is the one its committed file records; where the step's script has
-  since been folded into another, the command its experiment declares it was made with
-  (`made_with`), and then only while that differs from the step's command."""
+  since been folded into another, the command of the script its experiment declares made it
+  (`made_by`, with the same flags), and then only while that differs from the step's
+  command."""
   steps = {s.name: s for s in reproduce.STEPS}
   for path in sorted(glob.glob(os.path.join(RESULTS, '*.json'))):
     name = os.path.basename(path)[:-5]
@@ -50,14 +51,14 @@ def test_every_committed_result_is_a_step_with_its_recorded_flags():
     script, flags = step.made()
     assert _flags(data['command']) == flags, name
     assert data['command'].split()[1] == f'scripts/{script}', name
-    if step.made_with is not None:  # remeasured with today's command: drop made_with
+    if step.made_by is not None:  # remeasured with today's command: drop made_by
       assert (step.script, list(step.argv)) != (script, flags), name
       assert os.path.isfile(REPO / 'scripts' / step.script), name
 
 
-def test_made_with_names_the_recorded_command_apart_from_out():
+def test_made_by_names_the_folded_script_with_the_flags_but_the_experiment():
   step = reproduce.Step('x', 'compare_decodes.py', ('--experiment=x', '--n', '2'),
-                        made_with='python scripts/old_x.py --n 2')
+                        made_by='old_x.py')
   assert step.made() == ('old_x.py', ['--n', '2'])
   assert reproduce.Step('y', 'y.py', ('--a',)).made() == ('y.py', ['--a'])
 

@@ -3,8 +3,8 @@ name is declared.
 
 Each module (but the private `_base`) declares `EXPERIMENT = Experiment(...)` (`_base.py`):
 its name and run order, and per results file (`Step`) the script and flags that make it
-(with a quick smoke form, and `made_with`: the command the committed file records where it
-was made by a script since folded into another), the fields a rerun must reproduce
+(with a quick smoke form, and `made_by`: the script, since folded into another, that made
+the committed file), the fields a rerun must reproduce
 exactly (`Check`) and its headline function (research/results/headlines.py); for a decode
 comparison its `Preset`, for any other measurement of scripts/compare_decodes.py its
 measurement module. Everything else derives from here: reproduce_results.py's steps

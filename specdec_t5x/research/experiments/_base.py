@@ -5,7 +5,6 @@ scripts/compare_decodes.py, or a measurement module of its own)."""
 from __future__ import annotations
 
 import dataclasses
-import shlex
 import sys
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -27,10 +26,10 @@ class Step:
   """One results file and how it is made: `python scripts/<script> <argv>` writes
   results/<name>.*.
 
-  `made_with` is the command (without --out) the committed results/<name>.json records,
-  where it differs from today's `script` and `argv` (a script since folded into another
-  that computes the same): tests/test_reproduce.py checks the file against it until the
-  file is measured again, and then that the declaration is gone.
+  `made_by` names the script (since folded into `script` as its --experiment, computing the
+  same) whose command, with the same flags, the committed results/<name>.json records:
+  tests/test_reproduce.py checks the file against it until the file is measured again,
+  and then that the declaration is gone.
   """
   name: str  # the results file stem
   script: str
@@ -38,7 +37,7 @@ class Step:
   timed: bool = True  # its figures are timings (needs an idle machine)
   quick: Optional[tuple] = None  # flags of a quick smoke run (None: skipped by --quick)
   out: Optional[str] = None  # the script's --out stem, when it adds a suffix to `name`
-  made_with: Optional[str] = None  # the committed file's command, where it differs
+  made_by: Optional[str] = None  # the folded script that made the committed file
   check: Optional[Check] = None  # what --check compares (None: not checked)
   headline: Optional[Callable[[Dict[str, Any]], str]] = None  # its line in INDEX and README
   box: Optional[Tuple[int, str]] = None  # (row, where) in the README's speedup box
@@ -49,11 +48,11 @@ class Step:
             '--out', f'{root}/{self.out or self.name}']
 
   def made(self) -> Tuple[str, List[str]]:
-    """(script, flags) of the command the committed file was made with."""
-    if self.made_with is None:
+    """(script, flags) of the command the committed file was made with: `made_by` takes
+    the flags but --experiment."""
+    if self.made_by is None:
       return self.script, list(self.argv)
-    words = shlex.split(self.made_with)
-    return words[1].split('/', 1)[1], words[2:]
+    return self.made_by, [w for w in self.argv if not w.startswith('--experiment=')]
 
 
 @dataclasses.dataclass(frozen=True)

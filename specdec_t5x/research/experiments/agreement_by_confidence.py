@@ -14,5 +14,5 @@ EXPERIMENT = Experiment(
         ('--experiment=agreement_by_confidence', '--drafts', _DRAFTS), timed=False,
         quick=('--experiment=agreement_by_confidence', '--num_examples', '2', '--tasks',
                'ende'),
-        made_with=f'python scripts/agreement_by_confidence.py --drafts {_DRAFTS}',
+        made_by='agreement_by_confidence.py',
         headline=headlines.confidence),))

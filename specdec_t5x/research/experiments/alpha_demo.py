@@ -12,7 +12,7 @@ EXPERIMENT = Experiment(
         timed=False,
         quick=('--experiment=alpha_demo', '--num_tokens', '100', '--spec_examples', '2',
                '--tasks', 'ende', '--drafts', 'demo_draft_s,bigram'),
-        made_with='python scripts/measure_alpha.py --num_tokens 2000 --spec_examples 32',
+        made_by='measure_alpha.py',
         check=Check(exact=('cells/*/alpha', 'cells/*/beta_histogram/counts/*',
                            'cells/*/num_sequences', 'cells/*/speculative/*')),
         headline=headlines.alpha),))

@@ -9,7 +9,7 @@ EXPERIMENT = Experiment(
     steps=(Step(
         'batch_throughput', 'compare_decodes.py',
         ('--experiment=batch_throughput', '--batches=1,4,16,64', '--gammas=2,4', '--repeats=1'),
-        made_with='python scripts/bench_batch.py --batches=1,4,16,64 --gammas=2,4 --repeats=1',
+        made_by='bench_batch.py',
         check=Check(exact=('rows/*/target_calls', 'rows/*/generated_tokens',
                            'rows/*/rows_equal_batch1')),
         headline=headlines.batch),))

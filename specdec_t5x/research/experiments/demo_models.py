@@ -9,5 +9,5 @@ EXPERIMENT = Experiment(
     needs=('alpha_demo',),
     steps=(Step(
         'demo_models', 'compare_decodes.py', ('--experiment=demo_models',), timed=False,
-        made_with='python scripts/eval_demo_models.py',
+        made_by='eval_demo_models.py',
         check=Check(exact=('scores/*',)), headline=headlines.models),))

@@ -1,22 +1,24 @@
 """The speculative loop against its ideal, and where an iteration's time goes: the demo
-family, batch 8, and random-weight T5 v1.1 targets (scripts/loop_efficiency.py)."""
+family, batch 8, and random-weight T5 v1.1 targets (research/measure/loop_efficiency.py)."""
 
 from specdec_t5x.research.experiments._base import Experiment, Step
 from specdec_t5x.research.results import headlines
 
+_RUN = ('--experiment=loop_efficiency',)
 _RANDOM = ('--num_examples', '4', '--max_len', '32', '--gammas', '3', '--temperatures', '0',
            '--matmuls', 'packed')
+_KW = dict(made_by='loop_efficiency.py', headline=headlines.loop_efficiency)
 
-EXPERIMENT = Experiment('loop_efficiency', order=70, steps=(
-    Step('loop_efficiency', 'loop_efficiency.py', (
-        '--num_examples', '12', '--gammas', '2,3,4', '--temperatures', '0,1', '--repeats', '5'),
-         quick=('--num_examples', '2', '--gammas', '3', '--temperatures', '0', '--repeats', '1',
-                '--matmuls', 'packed'), headline=headlines.loop_efficiency),
-    Step('loop_efficiency_batch8', 'loop_efficiency.py', (
-        '--num_examples', '16', '--batch', '8', '--matmuls', 'packed'),
-         headline=headlines.loop_efficiency),
-    Step('loop_efficiency_t5_1_1_small', 'loop_efficiency.py',
-         ('--random_target', 'small') + _RANDOM, headline=headlines.loop_efficiency),
-    Step('loop_efficiency_t5_1_1_base', 'loop_efficiency.py',
-         ('--random_target', 'base') + _RANDOM, headline=headlines.loop_efficiency),
-))
+EXPERIMENT = Experiment(
+    'loop_efficiency', order=70, measure='specdec_t5x.research.measure.loop_efficiency', steps=(
+        Step('loop_efficiency', 'compare_decodes.py', _RUN + (
+            '--num_examples', '12', '--gammas', '2,3,4', '--temperatures', '0,1', '--repeats',
+            '5'), quick=_RUN + ('--num_examples', '2', '--gammas', '3', '--temperatures', '0',
+                                '--repeats', '1', '--matmuls', 'packed'), **_KW),
+        Step('loop_efficiency_batch8', 'compare_decodes.py', _RUN + (
+            '--num_examples', '16', '--batch', '8', '--matmuls', 'packed'), **_KW),
+        Step('loop_efficiency_t5_1_1_small', 'compare_decodes.py',
+             _RUN + ('--random_target', 'small') + _RANDOM, **_KW),
+        Step('loop_efficiency_t5_1_1_base', 'compare_decodes.py',
+             _RUN + ('--random_target', 'base') + _RANDOM, **_KW),
+    ))

@@ -1,8 +1,10 @@
-"""Against Hugging Face and CTranslate2 on the same weights (scripts/bench_peers.py)."""
+"""Against Hugging Face and CTranslate2 on the same weights (research/measure/peers.py)."""
 
 from specdec_t5x.research.experiments._base import Experiment, Step
 from specdec_t5x.research.results import headlines
 
-EXPERIMENT = Experiment('peers', order=80, steps=(
-    Step('peers', 'bench_peers.py', ('--num_examples', '20', '--repeats', '5'),
+EXPERIMENT = Experiment('peers', order=80, measure='specdec_t5x.research.measure.peers', steps=(
+    Step('peers', 'compare_decodes.py',
+         ('--experiment=peers', '--num_examples', '20', '--repeats', '5'),
+         made_by='bench_peers.py',
          headline=headlines.peers),))

@@ -1,10 +1,12 @@
 """The acceptance the demo would need on this machine for a speedup, from its real loops
-(scripts/speedup_ceiling.py)."""
+(research/measure/ceiling_loops.py)."""
 
 from specdec_t5x.research.experiments._base import Experiment, Step
 from specdec_t5x.research.results import headlines
 
-EXPERIMENT = Experiment('speedup_ceiling', order=250, steps=(
-    Step('speedup_ceiling', 'speedup_ceiling.py', (),
-         quick=('--num_examples', '3', '--gammas', '1', '--max_gamma', '2', '--repeats', '1'),
-         headline=headlines.ceiling),))
+EXPERIMENT = Experiment(
+    'speedup_ceiling', order=250, measure='specdec_t5x.research.measure.ceiling_loops',
+    steps=(Step('speedup_ceiling', 'compare_decodes.py', ('--experiment=speedup_ceiling',),
+                quick=('--experiment=speedup_ceiling', '--num_examples', '3', '--gammas', '1',
+                       '--max_gamma', '2', '--repeats', '1'),
+                made_by='speedup_ceiling.py', headline=headlines.ceiling),))

@@ -11,4 +11,4 @@ EXPERIMENT = Experiment(
         'tree_bound', 'compare_decodes.py', ('--experiment=tree_bound',), timed=False,
         quick=('--experiment=tree_bound', '--num_examples', '2', '--tasks', 'ende',
                '--drafts', 'demo_draft_s', '--max_nodes', '3'),
-        made_with='python scripts/tree_bound.py', headline=headlines.tree_bound),))
+        made_by='tree_bound.py', headline=headlines.tree_bound),))

@@ -1,8 +1,21 @@
-"""How close the speculative loop comes to the ideal its call costs allow, and where the
-rest goes (scripts/loop_efficiency.py).
+r"""Speculative decoding's efficiency against the ideal its call costs allow, and where the
+loop's time goes, with the packed CPU kernel and with XLA's dot (batch 1 unless --batch;
+demo family unless --random_target).
 
-For each draft, temperature and gamma, at one batch size (1: each input alone) over the
-same inputs:
+  flock /tmp/specdec_bench.lock python scripts/compare_decodes.py --experiment=loop_efficiency \
+      --num_examples 12 --gammas 2,3,4 --temperatures 0,1   # results/loop_efficiency.*
+  python scripts/compare_decodes.py --experiment=loop_efficiency --tiny --ladder_calls 600 \
+      --out /tmp/loop                                       # tiny models
+  flock /tmp/specdec_bench.lock python scripts/compare_decodes.py --experiment=loop_efficiency \
+      --num_examples 16 --batch 8 --matmuls packed --out results/loop_efficiency_batch8
+  python scripts/compare_decodes.py --experiment=loop_efficiency --random_target small \
+      --num_examples 4 --max_len 32 --gammas 3 --temperatures 0 --matmuls packed \
+      --out results/loop_efficiency_t5_1_1_small   # a T5 v1.1 size, random weights
+
+Drafts: demo_draft_m and the target itself (one set of weights); with --random_target, a
+T5 v1.1 target of that size and a 2+2-layer, 256-wide T5 v1.1 draft, random weights, on
+random inputs (acceptance then means nothing; the efficiency does). For each draft,
+temperature and gamma, at one batch size (1: each input alone) over the same inputs:
 - measured: AR time / speculative time per generated token (timed interleaved);
 - ideal end to end: grid.ideal_end_to_end from the calls each loop made and the call
   costs of grid.costs (each call's tokens the argmax of the last, as in any decode:
@@ -17,11 +30,12 @@ same inputs:
   the draft's calls and the loop's own work (sampling, acceptance, bookkeeping), with the
   heaviest instructions of that work;
 - the compiled while body's copies and transposes (hlo_loops) of the program run.
+Writes {--out}.json and {--out}.md. Run on an idle machine: it times.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +46,9 @@ from tqdm import tqdm
 from specdec_t5x.algorithm import api, batching, network, timing
 from specdec_t5x.algorithm.cpu import modes, packing
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.research.measure import grid, hlo_loops, loop_ladder, loop_profile
+from specdec_t5x.research.measure import (evaluation, grid, hlo_loops, loop_ladder, loop_profile,
+                                          measurement)
+from specdec_t5x.research.results import harness
 
 ModelAndParams = Any
 
@@ -151,3 +167,114 @@ def random_t5_1_1(size: str, num_examples: int):
   vocab = target[0].config.vocab_size
   enc = np.random.RandomState(0).randint(2, vocab, size=(num_examples, 24)).astype(np.int32)
   return target, {'random_small': draft, 'self': target}, enc
+
+
+def _ms(x):
+  return harness.fmt(None if x is None else 1e3 * x, '.3f')
+
+
+def _heavy(profile) -> str:
+  return ', '.join(f'{name} {1e6 * s:.0f}' for name, s in profile['top_loop_work'][:3])
+
+
+def render(report: harness.Report) -> List[str]:
+  lines = report.header(
+      'Loop efficiency: measured vs ideal, and where each iteration goes',
+      f'Batch {report["args"].get("batch", 1)}. measured = AR time / speculative time per '
+      'generated token (interleaved); '
+      'ideal e2e = grid.ideal_end_to_end from the target calls each loop made and the call '
+      'costs of timing.call_costs (prefill included; each call\'s tokens the argmax of the '
+      'last, as in any decode); efficiency = measured / ideal; as made: the same with each '
+      'step\'s first draft call the 2-token re-feed the loop makes (the last draft of a fully '
+      'accepted block was never fed) instead of a one-token call. '
+      'The ladder, in '
+      'ms per loop iteration (one target call): alone = gamma t_draft + t_verify, each call '
+      'timed in a loop of identical calls; chained = the same calls, each token the argmax '
+      'of the call before (as in any decode); interleaved = gamma chained draft calls and the '
+      'verify call in one loop; loop = the real loop (its decode time less prefill, per '
+      'target call). The excess of each rung over the one before: chaining, two models, and '
+      'the loop\'s own work (2-token draft re-feed, acceptance, sampling, statistics). '
+      'copies: copies/transposes in the compiled while body (cache-sized ones in brackets). '
+      'research/measure/loop_ladder.py.')
+  lines += [f'Target: {report["target"]}; drafts: {", ".join(report["drafts"])}.', '']
+  for matmul, res in report['matmuls'].items():
+    lines += [f'## {matmul}', '']
+    ar = res['ladder_s']['ar']
+    for group in res['groups']:
+      lines += [f'### temperature {group["temperature"]:g}', '',
+                f'AR per step: alone {_ms(ar["alone"])} ms, chained {_ms(ar["chained"])}, '
+                f'loop {_ms(group["ar_loop_s"])}; while body copies '
+                f'{group["ar_copies"]["copies_and_transposes"]} '
+                f'({len(group["ar_copies"]["whole_buffer"])} cache-sized).', '']
+      rows = []
+      for r in group['rows']:
+        lad = res['ladder_s'][f'{r["draft"]}_g{r["gamma"]}']
+        rows.append([r['draft'], r['gamma'], f'{r["tokens_per_target_call"]:.2f}',
+                     f'{r["speedup_measured"]:.2f}x', f'{r["speedup_ideal_end_to_end"]:.2f}x',
+                     f'{r["efficiency_end_to_end"]:.2f}',
+                     harness.fmt(r.get('efficiency_as_made'), '.2f'),
+                     _ms(lad['alone']), _ms(lad['chained']),
+                     _ms(lad['interleaved']), _ms(r['loop_s']),
+                     _ms(lad['chained'] - lad['alone']), _ms(lad['interleaved'] - lad['chained']),
+                     _ms(r['loop_s'] - lad['interleaved']),
+                     f'{r["copies"]["copies_and_transposes"]} ({len(r["copies"]["whole_buffer"])})'])
+      lines += harness.table(['draft', 'gamma', 'tokens/call', 'measured', 'ideal e2e',
+                              'efficiency', 'as made', 'alone', 'chained', 'interleaved',
+                              'loop', '+chaining', '+two models', '+loop work', 'copies'],
+                             rows, 'llrrrrrrrrrrrrr') + ['']
+      lines += ['Inside the loop, from XLA\'s profiler (ms per iteration; its markers slow each '
+                'instruction a little): target / draft calls (alone: the verify call; the '
+                'draft\'s 2-token re-feed and gamma - 1 steps), the loop\'s own work and its '
+                'heaviest parts, their sum against the unprofiled loop.', '']
+      prof = [['AR', 1, _ms(group['ar_profile']['per_iteration_s']['target_calls']), '',
+               _ms(group['ar_profile']['per_iteration_s']['loop_work']),
+               _ms(sum(group['ar_profile']['per_iteration_s'].values())),
+               _ms(group['ar_loop_s']), _heavy(group['ar_profile'])]]
+      for r in group['rows']:
+        part = r['profile']['per_iteration_s']
+        prof.append([r['draft'], r['gamma'],
+                     f'{_ms(part["target_calls"])} ({_ms(r["alone_s"]["verify"])})',
+                     f'{_ms(part["draft_calls"])} ({_ms(r["alone_s"]["draft_calls"])})',
+                     _ms(part['loop_work']), _ms(sum(part.values())), _ms(r['loop_s']),
+                     _heavy(r['profile'])])
+      lines += harness.table(['draft', 'gamma', 'target calls (alone)', 'draft calls (alone)',
+                              'loop work', 'sum', 'loop', 'heaviest loop work (us)'],
+                             prof, 'llrrrrrl') + ['']
+  return lines
+
+
+def run(args, script: str) -> Dict[str, Any]:
+  """The target, the drafts and the flags' inputs (--tiny, --random_target or the demo),
+  then `by_matmul` over --matmuls."""
+  if args.tiny:
+    (target, drafts, enc), name = tiny_models(), 'tiny random'
+  elif args.random_target:
+    target, drafts, enc = random_t5_1_1(args.random_target, args.num_examples)
+    name = f'random-weight T5 v1.1 {args.random_target}'
+  else:
+    name, target = 'demo_target', evaluation.load_model('demo_target')
+    drafts = {'demo_draft_m': evaluation.load_model('demo_draft_m'), 'self': target}
+    enc = batching.pad_batch([e.inputs for e in evaluation.load_examples('ende',
+                                                                         args.num_examples)])
+  cfg = target[0].config
+  return {'target': (f'{name} (emb {cfg.emb_dim}, {cfg.num_decoder_layers} decoder layers, '
+                     f'vocab {cfg.vocab_size})'),
+          'drafts': list(drafts),
+          'matmuls': by_matmul(args.matmuls.split(','), target, drafts, enc, args.max_len,
+                               args.gammas, args.temperatures, args.repeats,
+                               cost_repeats=args.repeats, ladder_calls=args.ladder_calls,
+                               batch=args.batch)}
+
+
+main = measurement.Measurement('loop_efficiency', __doc__, run, render, repeats=3, flags=dict(
+    num_examples=12, gammas=dict(type=harness.ints, default=[2, 3, 4]),
+    temperatures=[0.0, 1.0], max_len=64,
+    matmuls=dict(default='packed,xla', help='packed (the CPU kernel), xla'),
+    ladder_calls=dict(type=int, default=16, help='iterations per timed run of each ladder '
+                      'rung (tiny models: thousands, or a run is shorter than the machine\'s '
+                      'jitter)'),
+    tiny=dict(action='store_true', help='random tiny models (the test)'),
+    random_target=dict(choices=sorted(network.T5_1_1_SIZES),
+                       help='a random-weight T5 v1.1 target of this size instead of the demo'),
+    batch=dict(default=1, help='rows decoded together (--num_examples a multiple of it); '
+               'every call, rung and prefill is then a batch\'s'))).main

@@ -55,6 +55,8 @@ class Measurement:
   repeats: Optional[int] = None  # --repeats' default for a measurement that times.
   after: Optional[Callable[[harness.Report], Any]] = None  # Runs after the files are written.
   prints: bool = True  # Print the Markdown.
+  # Runs before measuring (args -> more environment entries for the report).
+  setup: Optional[Callable[[argparse.Namespace], Dict[str, Any]]] = None
 
   def parser(self, script: str) -> argparse.ArgumentParser:
     """--out (results/<name> beside `script`), --repeats if it times, then its flags."""
@@ -68,7 +70,8 @@ class Measurement:
     (scripts/compare_decodes.py: results/ beside it, its name in the command) and
     `recorded` the command's flags (default argv). Returns the report's data."""
     args = self.parser(script).parse_args(argv)
-    report = harness.Report(script, args, argv if recorded is None else recorded)
+    report = harness.Report(script, args, argv if recorded is None else recorded,
+                            **(self.setup(args) if self.setup else {}))
     report.data.update(self.measure(args, script))
     text = report.write(self.render(report))
     if self.after is not None:

@@ -5,7 +5,7 @@ T5X's decode path works: one token per call, one scalar cache index for the whol
 cache writes by one-hot addition, and the encoder-decoder keys/values re-projected from
 the encoder output at every step. It serves two purposes:
 
-* speed: our `generate(draft=None)` must be at least as fast (scripts/bench_decode.py);
+* speed: our `generate(draft=None)` must be at least as fast (research/measure/decode_costs.py);
 * correctness: its greedy tokens must equal ours (tests/test_reference.py).
 """
 

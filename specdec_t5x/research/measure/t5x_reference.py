@@ -3,8 +3,8 @@
 T5X's own `EncoderDecoderModel.predict_batch` with its own network
 (`t5x.examples.t5.network.Transformer`) and its `decoding.temperature_sample` at
 temperature 0, applied to the same parameter tree as ours (network.py keeps T5X's names
-and shapes). Used for speed (scripts/bench_decode.py, scripts/device_report.py) and for
-token equality with our AR decoding (tests/test_t5x_reference.py).
+and shapes). Used for speed (research/measure/decode_costs.py, scripts/device_report.py)
+and for token equality with our AR decoding (tests/test_t5x_reference.py).
 
 T5X is not on PyPI; `available()` says whether it is importable, and the other functions
 raise ImportError with what to do when it is not.

@@ -2,7 +2,7 @@
 
 `STEPS` (derived from the experiment registry, research/experiments/) lists the result
 scripts in the order they run, each with its flags (a test checks them against the
-`command` each JSON records, or the `made_with` its experiment declares), and a `quick`
+`command` each JSON records, made by the step's script or by its `made_by`), and a `quick`
 form for a smoke run. `run` executes steps one at a time, each in a fresh process,
 refusing to time on a busy machine (`busy`) or to measure uncommitted code (`dirty`: a
 revision with '-dirty' names no code anyone can check out), and logs each step's seconds.

@@ -1,18 +1,19 @@
 """Decode costs and implementation efficiency on random-weight T5 v1.1 shapes.
 
-  python scripts/bench_decode.py                       # CPU default: target base, draft small
-  python scripts/bench_decode.py --target=small --draft=small --gammas=2 --max_len=16
-  python scripts/bench_decode.py --dtype=bfloat16 --cpu_kernels=packed_bf16 \\
-      --out=results/decode_costs_bf16              # T5X's bfloat16, on our bfloat16 kernels
+  python scripts/compare_decodes.py --experiment=decode_costs   # CPU: target base, draft small
+  python scripts/compare_decodes.py --experiment=decode_costs --target=small --draft=small \\
+      --gammas=2 --max_len=16
+  python scripts/compare_decodes.py --experiment=decode_costs --dtype=bfloat16 \\
+      --cpu_kernels=packed_bf16 --out=results/decode_costs_bf16  # on our bfloat16 kernels
 
 Measures, in one process after compilation, each as the median of interleaved repeats:
   * per-call cost of a target step, a draft step and a (gamma+1)-token verification, and
     the once-per-sequence prefill (encoder + cache) of each model;
   * AR tokens/s of generate(draft=None), of stock T5X (`EncoderDecoderModel.predict_batch`
-    with `temperature_sample` at temperature 0 and T5X's own network, specdec_t5x/
-    t5x_reference.py; when T5X is importable) and of a straightforward T5X-style loop
-    (specdec_t5x/reference.py), all on the same weights; ours / theirs speed ratios, each
-    the median of per-pair ratios over interleaved repeats;
+    with `temperature_sample` at temperature 0 and T5X's own network, t5x_reference.py;
+    when T5X is importable) and of a straightforward T5X-style loop (reference.py), all on
+    the same weights; ours / theirs speed ratios, each the median of per-pair ratios over
+    interleaved repeats;
   * speculative tokens/s with draft == target (alpha = 1) and with the random draft
     (alpha ~ 0), at each gamma; the speedup over AR, the ideal speedup
     tokens_per_call * t_target / (gamma * t_draft + t_verify), and efficiency = measured / ideal;
@@ -24,7 +25,9 @@ meaningless): --target=small --draft=small --vocab=256 --gammas=2 --max_len=8 --
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from typing import Any, Dict, List
 
 import jax
 import jax.numpy as jnp
@@ -33,8 +36,8 @@ import numpy as np
 from specdec_t5x.algorithm import api, timing
 from specdec_t5x.algorithm.cpu import modes
 from specdec_t5x.algorithm.network import Transformer, t5_1_1_config
+from specdec_t5x.research.measure import grid, measurement, reference, t5x_reference
 from specdec_t5x.research.results import harness
-from specdec_t5x.research.measure import grid, reference, t5x_reference
 
 BASELINES = {'t5x': 'stock T5X predict_batch (temperature_sample, T5X network)',
              'reference_t5x_style': 'T5X-style loop (reference.py)'}
@@ -49,29 +52,14 @@ def build(size: str, seed: int, vocab: int, dtype: str):
   return cfg, module, timing.random_params(module, seed, jnp.dtype(dtype))
 
 
-def main(argv=None):
-  ap = harness.parser(__doc__, harness.results_path(__file__, 'decode_costs'), repeats=5)
-  ap.add_argument('--target', default='base')
-  ap.add_argument('--draft', default='small')
-  ap.add_argument('--vocab', type=int, default=32128)
-  ap.add_argument('--batch', type=int, default=1)
-  ap.add_argument('--enc_len', type=int, default=32)
-  ap.add_argument('--max_len', type=int, default=48)
-  ap.add_argument('--gammas', default='2,4,7')
-  ap.add_argument('--ar_repeats', type=int, default=15,
-                  help='interleaved AR / T5X / T5X-style runs for their speed ratios')
-  ap.add_argument('--dtype', default='float32', help='weights and activations')
-  ap.add_argument('--cpu_kernels', default=None,
-                  help="our decodes' kernel mode on CPU (DecodeConfig.cpu_kernels; default: "
-                       "the default mode), e.g. packed_bf16 with --dtype=bfloat16")
-  args = ap.parse_args(argv)
-  if args.cpu_kernels is None:
-    return _main(args, argv)
-  with modes.default_mode_as(args.cpu_kernels):
-    return _main(args, argv)
+def run(args, script: str) -> Dict[str, Any]:
+  """Everything the module docstring lists, in --cpu_kernels' mode (default: the default)."""
+  with (modes.default_mode_as(args.cpu_kernels) if args.cpu_kernels is not None
+        else contextlib.nullcontext()):
+    return _measure(args)
 
 
-def _main(args, argv):
+def _measure(args) -> Dict[str, Any]:
   gammas = harness.ints(args.gammas)
 
   t_cfg, t_mod, t_params = build(args.target, 0, args.vocab, args.dtype)
@@ -130,8 +118,7 @@ def _main(args, argv):
                    'speedup_ideal': ideal, 'efficiency': measured / ideal,
                    'speedup_ideal_end_to_end': e2e, 'efficiency_end_to_end': measured / e2e,
                    'tokens_per_s': tokens / med[f'spec_{kind}_g{g}']})
-  report = harness.Report(__file__, args, argv)
-  report.data.update(
+  return dict(
       target_config=str(t_cfg), draft_config=str(d_cfg), call_costs_s=costs,
       c=costs['t_draft_step'] / costs['t_target_step'],
       ar_tokens_per_s=tokens / pairs.median['ar'],
@@ -139,24 +126,29 @@ def _main(args, argv):
                      'pair_ratios': pair_ratios[k], 'same_tokens_as_ours': same_tokens[k]}
                  for k in baselines},
       t5x_importable=t5x_reference.available(), speculative=rows, raw_times_s=timings.seconds)
+
+
+def render(report: harness.Report) -> List[str]:
+  args, costs, rows = report['args'], report['call_costs_s'], report['speculative']
   quantities = [[k, f'{v * 1e3:.3f} ms'] for k, v in costs.items()]
   quantities += [['c = t_draft / t_target', f"{report['c']:.3f}"],
                  ['AR tokens/s (ours)', f"{report['ar_tokens_per_s']:.1f}"]]
   for k, b in report['baselines'].items():
     quantities += [[f'AR tokens/s ({BASELINES[k]})', f"{b['tokens_per_s']:.1f}"],
-                   [f'ours / {BASELINES[k]} speed (median of {args.ar_repeats} interleaved '
+                   [f"ours / {BASELINES[k]} speed (median of {args['ar_repeats']} interleaved "
                     f"pairs; range {min(b['pair_ratios']):.2f}-{max(b['pair_ratios']):.2f}; "
                     f"same tokens: {b['same_tokens_as_ours']})", f"{b['ours_speed_ratio']:.2f}x"]]
   if not report['t5x_importable']:
     quantities.append(['stock T5X', 'not importable here: not compared'])
-  text = report.write(report.header(
-      f"Decode costs ({report.environment['device_kind']}, batch {args.batch}, "
-      f'{args.max_len} tokens)',
-      f'Target {args.target}, draft {args.draft} (random T5 v1.1 weights, vocab {args.vocab}, '
-      f'{args.dtype}); our kernel mode {modes.default_mode()}.'
+  return report.header(
+      f"Decode costs ({report.environment['device_kind']}, batch {args['batch']}, "
+      f"{args['max_len']} tokens)",
+      f"Target {args['target']}, draft {args['draft']} (random T5 v1.1 weights, vocab "
+      f"{args['vocab']}, {args['dtype']}); our kernel mode "
+      f"{args.get('cpu_kernels') or modes.default_mode()}."
       + (' In bfloat16 our kernels sum in another order than XLA\'s dot, so greedy tokens '
          'of random weights (near-ties) may differ; results/bf16_agreement.md measures the '
-         'agreement on the demo target.' if args.dtype == 'bfloat16' else '')) +
+         'agreement on the demo target.' if args['dtype'] == 'bfloat16' else '')) + (
       harness.table(['quantity', 'value'], quantities) + ['', IDEAL, ''] +
       harness.table(['draft', 'gamma', 'alpha', 'tokens/call', 'speedup', 'ideal', 'efficiency',
                      'ideal e2e', 'efficiency e2e'],
@@ -165,8 +157,14 @@ def _main(args, argv):
                       f"{r['speedup_ideal']:.2f}x", f"{r['efficiency']:.2f}",
                       f"{r['speedup_ideal_end_to_end']:.2f}x",
                       f"{r['efficiency_end_to_end']:.2f}"] for r in rows]))
-  print(text)
 
 
-if __name__ == '__main__':
-  main()
+main = measurement.Measurement('decode_costs', __doc__, run, render, repeats=5, flags=dict(
+    target='base', draft='small', vocab=dict(type=int, default=32128), batch=1,
+    enc_len=dict(type=int, default=32), max_len=48, gammas='2,4,7',
+    ar_repeats=dict(type=int, default=15,
+                    help='interleaved AR / T5X / T5X-style runs for their speed ratios'),
+    dtype=dict(default='float32', help='weights and activations'),
+    cpu_kernels=dict(default=None, help="our decodes' kernel mode on CPU "
+                     "(DecodeConfig.cpu_kernels; default: the default mode), e.g. packed_bf16 "
+                     'with --dtype=bfloat16'))).main

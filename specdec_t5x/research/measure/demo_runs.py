@@ -1,9 +1,10 @@
 """The README's first command, run fresh several times: what each run prints.
 
-  flock /tmp/specdec_bench.lock python scripts/demo_runs.py [--runs=3] [--env KEY=VALUE]
+  flock /tmp/specdec_bench.lock python scripts/compare_decodes.py --experiment=demo_runs \
+      [--runs=3] [--env KEY=VALUE]
   # another demo file: results/demo_draft_m_runs.{json,md}
-  python scripts/demo_runs.py --gin_file configs/demo_draft_m.gin \
-      --out results/demo_draft_m_runs
+  python scripts/compare_decodes.py --experiment=demo_runs \
+      --gin_file configs/demo_draft_m.gin --out results/demo_draft_m_runs
 
 Run from the repository root on an idle machine. Each run is a new process,
 `python -m specdec_t5x.infer --gin_file=configs/demo.gin` (or --gin_file) into an empty
@@ -20,7 +21,9 @@ import os
 import subprocess
 import sys
 import tempfile
+from typing import Any, Dict, List
 
+from specdec_t5x.research.measure import measurement
 from specdec_t5x.research.results import harness
 
 PREFIXES = ('demo_ende:', 'alpha ', 'walltime speedup')
@@ -52,40 +55,41 @@ def one_run(env, gin_file: str) -> dict:
               git_revision=metrics['git_revision'])
 
 
-def main(argv=None):
-  ap = harness.parser(__doc__, harness.results_path(__file__, 'demo_speedup_runs'))
-  ap.add_argument('--runs', type=int, default=3)
-  ap.add_argument('--gin_file', default='configs/demo.gin')
-  ap.add_argument('--env', action='append', default=[],
-                  help='KEY=VALUE set for the runs (e.g. SPECDEC_CPU_KERNELS=0)')
-  args = ap.parse_args(argv)
+def run(args, script: str) -> Dict[str, Any]:
+  """--runs fresh runs of the demo command, each printed as it ends."""
   env = dict(os.environ, **dict(kv.split('=', 1) for kv in args.env))
   runs = []
   for i in range(args.runs):
     runs.append(one_run(env, args.gin_file))
     print(i + 1, *runs[-1]['printed'], f"identical: {runs[-1]['identical_predictions']}",
           sep='\n', flush=True)
-  report = harness.Report(__file__, args, argv)
-  report.data.update(demo_command=' '.join(['python'] + COMMAND[1:] + [
-      f'--gin_file={args.gin_file}']), runs=runs)
+  return dict(demo_command=' '.join(['python'] + COMMAND[1:] + [f'--gin_file={args.gin_file}']),
+              runs=runs)
+
+
+def render(report: harness.Report) -> List[str]:
+  args, runs = report['args'], report['runs']
   pooled = [r['walltime_speedup_stats']['pooled'] for r in runs]
-  report.write(report.header(
+  return report.header(
       'The demo command, fresh runs',
-      f"`{report['demo_command']}`, {args.runs} fresh processes one after another "
-      f"(environment overrides: {args.env or 'none'}). Pooled speedups "
-      f'{min(pooled):.2f}-{max(pooled):.2f}x.') +
-      harness.table(['run', 'printed speedup line', 'alpha', 'BLEU spec / base',
-                     'identical predictions'],
-                    [[i + 1, f"`{r['printed'][-1]}`", f"{r['alpha_empirical']:.3f}",
-                      f"{r['bleu']['bleu']:.2f} / {r['baseline_bleu']['bleu']:.2f}",
-                      f"{r['identical_predictions']} ({r['num_predictions']})"]
-                     for i, r in enumerate(runs)], 'rllll') +
-      ['', 'The speedup is the pooled ratio (total autoregressive seconds / total speculative '
-       'seconds over the batches, the two decodes taking turns chunk by chunk) with a bootstrap '
-       '95% interval, '
-       'and the median and IQR of the per-batch ratios; batches that compile a new length '
-       'bucket are left out (timing.paired_speedup).'])
+      f"`{report['demo_command']}`, {args['runs']} fresh processes one after another "
+      f"(environment overrides: {args['env'] or 'none'}). Pooled speedups "
+      f'{min(pooled):.2f}-{max(pooled):.2f}x.') + harness.table(
+          ['run', 'printed speedup line', 'alpha', 'BLEU spec / base', 'identical predictions'],
+          [[i + 1, f"`{r['printed'][-1]}`", f"{r['alpha_empirical']:.3f}",
+            f"{r['bleu']['bleu']:.2f} / {r['baseline_bleu']['bleu']:.2f}",
+            f"{r['identical_predictions']} ({r['num_predictions']})"]
+           for i, r in enumerate(runs)], 'rllll') + [
+      '', 'The speedup is the pooled ratio (total autoregressive seconds / total speculative '
+      'seconds over the batches, the two decodes taking turns chunk by chunk) with a bootstrap '
+      '95% interval, '
+      'and the median and IQR of the per-batch ratios; batches that compile a new length '
+      'bucket are left out (timing.paired_speedup).']
 
 
-if __name__ == '__main__':
-  main()
+main = measurement.Measurement('demo_speedup_runs', __doc__, run, render, prints=False,
+                               flags=dict(runs=dict(type=int, default=3),
+                                          gin_file='configs/demo.gin',
+                                          env=dict(action='append', default=[],
+                                                   help='KEY=VALUE set for the runs (e.g. '
+                                                   'SPECDEC_CPU_KERNELS=0)'))).main

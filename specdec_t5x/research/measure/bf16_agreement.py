@@ -1,8 +1,8 @@
 """What holds exactly in bfloat16: our T5 vs stock T5X, and greedy speculative vs greedy AR.
 
-  python scripts/bf16_agreement.py                # results/bf16_agreement.{json,md}, ~minutes
-  python scripts/bf16_agreement.py --diagnose     # results/bf16_agreement_diagnosis.*, ~1 min
-  python scripts/bf16_agreement.py --time         # also times our AR decode per dtype
+  python scripts/compare_decodes.py --experiment=bf16_agreement             # ~minutes
+  python scripts/compare_decodes.py --experiment=bf16_agreement --diagnose  # ~1 min
+  python scripts/compare_decodes.py --experiment=bf16_agreement --time      # + AR timings
 
 Takes the demo family (checkpoints/demo: target demo_target/checkpoint_2239, draft
 demo_draft_m/checkpoint_5682; sizes from their config.json, as configs/demo_draft_m.gin) and the
@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -283,14 +283,10 @@ MEASUREMENT = measurement.Measurement(
                       'verify-shaped call')))
 
 
-def main(argv=None) -> None:
-  """MEASUREMENT.main, or with --diagnose run_diagnosis."""
-  args = MEASUREMENT.parser(__file__).parse_args(argv)
+def main(argv: Sequence[str], script: str, recorded: Optional[Sequence[str]] = None) -> None:
+  """MEASUREMENT.main, or with --diagnose run_diagnosis (results/bf16_agreement_diagnosis)."""
+  args = MEASUREMENT.parser(script).parse_args(argv)
   if not args.diagnose:
-    MEASUREMENT.main(argv, __file__)
+    MEASUREMENT.main(argv, script, recorded)
     return
-  print(run_diagnosis(harness.Report(__file__, args, argv)))
-
-
-if __name__ == '__main__':
-  main()
+  print(run_diagnosis(harness.Report(script, args, argv if recorded is None else recorded)))
