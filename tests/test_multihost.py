@@ -213,3 +213,79 @@ def test_start_up_names_what_is_missing(tmp_path):
   assert '--process_count=N' in proc.stderr and '--process_index' in proc.stderr, proc.stderr
   with pytest.raises(SystemExit):
     infer.main(['--process_count=2', '--gin_file=configs/spec_tiny_test.gin'])
+
+
+# Each of 2 processes: the Python API on arrays placed over the 8 devices of both (the
+# target and draft by the partitioner, the batch from this process's rows), gathered, and
+# the same decode on this process's first device alone; then the compiled loop audit of
+# the 2-process program (research/measure/hlo_loops.py, as tests/test_compiled_loops.py).
+_API_CHILD = textwrap.dedent('''
+    import json, os, sys
+    os.environ['XLA_FLAGS'] += ' --xla_backend_optimization_level=0'
+    import jax, jax.numpy as jnp, numpy as np
+    from jax.experimental import multihost_utils
+    from specdec_t5x.integration import multihost, partitioning
+    multihost.initialize(f'127.0.0.1:{sys.argv[2]}', 2, int(sys.argv[1]))
+    from specdec_t5x import generate
+    from specdec_t5x.algorithm import api, network
+    from specdec_t5x.algorithm.config import DecodeConfig
+    from specdec_t5x.algorithm.cpu import packing
+    from specdec_t5x.research.measure import hlo_loops
+    assert jax.device_count() == 8 and jax.local_device_count() == 4
+
+    def model(emb, layers, seed):
+      cfg = network.T5Config(vocab_size=64, emb_dim=emb, num_heads=4, num_encoder_layers=layers,
+                             num_decoder_layers=layers, head_dim=8, mlp_dim=2 * emb,
+                             mlp_activations=('gelu', 'linear'), dropout_rate=0.0)
+      module, dummy = network.Transformer(cfg), jnp.ones((1, 4), jnp.int32)
+      return module, module.init(jax.random.PRNGKey(seed), dummy, dummy)['params']
+
+    target, draft = model(32, 2, 0), model(16, 1, 1)
+    x = np.random.RandomState(0).randint(2, 64, size=(4, 12)).astype(np.int32)
+    x[1, 7:] = x[3, 3:] = 0
+    part = partitioning.PjitPartitioner(num_partitions=2)
+    tp, dp = part.shard_params(target[1]), part.shard_params(draft[1])
+    start, stop = part.host_rows(4)
+    xs = part.shard_host_rows(x[start:stop], 4, start)
+    out = {'rows': [start, stop], 'params_global': not tp['decoder']['logits_dense'][
+        'kernel'].is_fully_addressable}
+    local = jax.local_devices()[0]
+    for temperature in (0.0, 1.0):
+      kw = dict(gamma=3, max_decode_length=10, temperature=temperature,
+                rng=jax.random.PRNGKey(3))
+      got = generate((target[0], tp), xs, draft=(draft[0], dp), **kw)
+      tokens, stats = multihost_utils.process_allgather((got.tokens, got.stats), tiled=True)
+      with jax.default_device(local):
+        ref = generate(target, x, draft=draft, **kw)
+      out[f'tokens_{temperature}'] = bool(np.array_equal(tokens, np.asarray(ref.tokens)))
+      out[f'stats_{temperature}'] = all(np.array_equal(stats[k], np.asarray(ref.stats[k]))
+                                        for k in ref.stats)
+    fn = api.compiled_program(target[0], draft[0], max_len=16, config=DecodeConfig(gamma=3))
+    args = (packing.decode_variables(target[0], tp), packing.decode_variables(draft[0], dp),
+            xs, jax.random.PRNGKey(0), jnp.int32(1))
+    cache = 1 * 2 * 8 * (16 + 2)  # one row, 2 of the 4 heads, head_dim, the cache slots
+    found = hlo_loops.loop_traffic(fn.lower(*args).compile().as_text(), cache)
+    out['whole_buffer'] = found.summary()['whole_buffer']
+    print('RESULT ' + json.dumps(out))
+''')
+
+
+def test_generate_on_arrays_spread_over_two_processes():
+  port, procs = _free_port(), []
+  for index in range(2):
+    env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=4',
+               JAX_PLATFORMS='cpu', SPECDEC_CPU_KERNELS='0')
+    procs.append(subprocess.Popen([sys.executable, '-c', _API_CHILD, str(index), str(port)],
+                                  cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True))
+  outs = []
+  for proc in procs:
+    stdout, stderr = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 0, stderr[-4000:]
+    outs.append(json.loads([l for l in stdout.splitlines() if l.startswith('RESULT ')][-1][7:]))
+  assert [o['rows'] for o in outs] == [[0, 2], [2, 4]]  # each feeds its half of the batch
+  for out in outs:
+    assert out['params_global'], out
+    for key in ('tokens_0.0', 'stats_0.0', 'tokens_1.0', 'stats_1.0'):
+      assert out[key], (key, out)
+    assert out['whole_buffer'] == [], out
