@@ -158,7 +158,7 @@ def test_two_processes_decode_as_one(tmp_path, head_gin, reference):
     assert got[name]['num_processes'] == 2 and ref[name]['num_processes'] is None
     assert got[name]['num_devices'] == ref[name]['num_devices'] == 8
     assert got[name]['accepted_tokens'] == ref[name]['accepted_tokens'], name
-    assert not (tmp_path / name / f'tmp-demo_ende-00000-of-00001').exists()
+    assert not (tmp_path / name / 'tmp-demo_ende-00000-of-00001').exists()
   assert _rows(tmp_path / 'greedy' / BASELINE_FILE) == _rows(ref_root / 'greedy' / BASELINE_FILE)
   assert got['sampled']['accepted_tokens'] > 0  # the sampled runs accept draft tokens
   metrics = json.loads((tmp_path / 'greedy' / 'metrics.json').read_text('utf-8'))

@@ -17,6 +17,11 @@ assembled atomically, so an interrupted run loses and duplicates nothing. It pri
 reused, that nothing was decoded and how to decode again; on stderr a line before the
 pauses of a first run (the CPU kernels' build, compiling).
 
+Multi-host (one process per host, each running the same command): `--multihost`, with
+T5X train's `--coordinator_address`, `--process_count`, `--process_index` where JAX does
+not find them (multihost.py). The processes' settings are compared before decoding, each
+feeds its rows of every batch, and process 0 alone writes (docs/t5x.md, "Several hosts").
+
 Gin files and their includes are found relative to the current directory or
 --gin_search_paths, as T5X finds them: run from the repository root. The batch loop and
 the chunk files are in infer_run.py, the jsonl lines and metrics.json in infer_output.py.
