@@ -49,7 +49,9 @@ def initialize(coordinator_address: Optional[str] = None,
 
   Raises:
     ValueError: naming the flag to pass when neither it nor the cluster gives a value.
-    RuntimeError: when the others do not join within TIMEOUTS['initialization_timeout'].
+    RuntimeError: when the others do not join within TIMEOUTS['initialization_timeout']
+      and JAX raises (the JAX installed here ends the process itself instead, from its
+      C++ side: hence the line printed first).
   """
   if jax.config.jax_cpu_collectives_implementation not in ('gloo', 'mpi'):
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')
