@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Optional
 
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
@@ -69,8 +70,16 @@ def cache_writes(stats: DecodeStats) -> None:
     _raise_if_skipped(flags)
 
 
+def host_value(array) -> np.ndarray:
+  """`array` on the host, whole: gathered from every process when it spans devices of
+  others (a multi-host decode; a collective, so every process calls it alike)."""
+  if isinstance(array, jax.Array) and not array.is_fully_addressable:
+    return np.asarray(multihost_utils.process_allgather(array, tiled=True))
+  return np.asarray(array)
+
+
 def _raise_if_skipped(flags) -> None:
-  if bool(np.any(np.asarray(flags))):
+  if bool(np.any(host_value(flags))):
     raise RuntimeError('A decode call\'s cache writes did not fit the decode cache and were '
                        'dropped, so its tokens are not the models\' (the caches hold '
                        'decode.core.cache_length positions). This is a bug of specdec_t5x; '
@@ -86,7 +95,7 @@ def finite(stats: DecodeStats) -> None:
     flags = stats[key]
     if is_traced(flags):
       continue
-    rows = np.flatnonzero(np.asarray(flags))
+    rows = np.flatnonzero(host_value(flags))
     if rows.size:
       raise FloatingPointError(
           f'The {who} model produced NaN or infinite logits for batch rows '

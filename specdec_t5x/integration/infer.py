@@ -17,6 +17,11 @@ assembled atomically, so an interrupted run loses and duplicates nothing. It pri
 reused, that nothing was decoded and how to decode again; on stderr a line before the
 pauses of a first run (the CPU kernels' build, compiling).
 
+Multi-host (one process per host, each running the same command): `--multihost`, with
+T5X train's `--coordinator_address`, `--process_count`, `--process_index` where JAX does
+not find them (multihost.py). The processes' settings are compared before decoding, each
+feeds its rows of every batch, and process 0 alone writes (docs/t5x.md, "Several hosts").
+
 Gin files and their includes are found relative to the current directory or
 --gin_search_paths, as T5X finds them: run from the repository root. The batch loop and
 the chunk files are in infer_run.py, the jsonl lines and metrics.json in infer_output.py.
@@ -39,8 +44,8 @@ import jax
 import seqio
 from tqdm import tqdm
 
-from specdec_t5x.integration import (gin_checks, infer_checks, infer_output, run_dir, tasks,
-                                     vocab_check)
+from specdec_t5x.integration import (gin_checks, infer_checks, infer_output, multihost,
+                                     run_dir, tasks, vocab_check)
 from specdec_t5x.integration.infer_run import (BatchRunner, ChunkStore, examples_sha256,
                                                load_examples)
 
@@ -127,6 +132,7 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
   batch_size, period = int(dataset_cfg.batch_size), int(checkpoint_period)
   num_batches = -(-len(examples) // batch_size)
   num_chunks = -(-num_batches // period)
+  with_baseline = bool(compare_baseline and model.is_speculative)
   settings = dict(model.describe(), target_checkpoint=restore_checkpoint_cfg.path,
                   restore_dtype=restore_checkpoint_cfg.dtype, max_decode_length=max_len,
                   fallback_init_rng=fallback_init_rng)
@@ -135,32 +141,44 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
                      num_shards=num_shards, num_examples=len(examples),
                      examples_sha256=examples_sha256(examples), mode=mode,
                      decode_seed=decode_seed, allow_truncation=allow_truncation,
-                     compare_baseline=bool(compare_baseline and model.is_speculative))
+                     compare_baseline=with_baseline)
   output_fname = f'{name}-{mode}.jsonl-{shard_id:05}-of-{num_shards:05}'
   metrics_name = 'metrics.json' if num_shards == 1 else (
       f'metrics-{shard_id:05}-of-{num_shards:05}.json')
-  finished = run_dir.finished_run(  # Every host decides alike (they share output_dir).
-      output_dir, metrics_name, fingerprint, overwrite,
-      tmp_dirs=(f'tmp-{name}-{shard_id:05}-of-{num_shards:05}',
-                f'tmp-{name}-baseline-{shard_id:05}'))
+  # Processes given other settings (gin, checkpoints, inputs) are refused before decoding.
+  multihost.check_same_settings(dict(fingerprint, output_dir=output_dir,
+                                     gin=gin.config_str()))
+  tmp_name = f'tmp-{name}-{shard_id:05}-of-{num_shards:05}'
+  base_tmp_name = f'tmp-{name}-baseline-{shard_id:05}'
+  first = jax.process_index() == 0
+  store = base_store = None
+
+  def decide():  # Process 0 alone reads and tidies output_dir (the others write nothing).
+    nonlocal store, base_store
+    finished = run_dir.finished_run(output_dir, metrics_name, fingerprint, overwrite,
+                                    tmp_dirs=(tmp_name, base_tmp_name))
+    if finished is not None:
+      return finished, []
+    store = ChunkStore(os.path.join(output_dir, tmp_name), output_fname, fingerprint)
+    if with_baseline:
+      base_store = ChunkStore(os.path.join(output_dir, base_tmp_name), base_fname,
+                              fingerprint)
+    return None, [c for c in range(num_chunks)
+                  if not store.done(c) or (base_store is not None and not base_store.done(c))]
+
+  base_fname = output_fname.replace(f'{mode}.jsonl', f'{mode}-baseline.jsonl')
+  finished, todo = multihost.from_first_process(decide, num_chunks)
   if finished is not None:  # Same settings, already done: nothing to decode.
-    if jax.process_index() == 0:
+    if first:
       infer_output.print_summary(finished, output_dir, metrics_name, reused=True)
-    return finished if jax.process_index() == 0 else {}
-  store = ChunkStore(os.path.join(output_dir, f'tmp-{name}-{shard_id:05}-of-{num_shards:05}'),
-                     output_fname, fingerprint)
-  base_store = base_model = None
-  if compare_baseline and model.is_speculative:  # Target-only runs, batch by batch.
+    return finished if first else {}
+  base_model = None
+  if with_baseline:  # Target-only runs, batch by batch.
     base_model = copy.copy(model)
     base_model.draft_module = None
     base_model.decode_config = model.decode_config.without_tree()  # the target alone
-    base_fname = output_fname.replace(f'{mode}.jsonl', f'{mode}-baseline.jsonl')
-    base_store = ChunkStore(os.path.join(output_dir, f'tmp-{name}-baseline-{shard_id:05}'),
-                            base_fname, fingerprint)
-  if shard_id == 0 and jax.process_index() == 0:  # Only once the settings are known good.
+  if shard_id == 0 and first:  # Only once the settings are known good.
     run_dir.write_atomic(os.path.join(output_dir, 'config.gin'), gin.config_str())
-  todo = [c for c in range(num_chunks)
-          if not store.done(c) or (base_store is not None and not base_store.done(c))]
   resumed = num_chunks - len(todo)
 
   if todo:
@@ -206,12 +224,12 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
       order = [speculative, baseline] if base_runner else [speculative]
       for decode in order[::-1] if chunk % 2 else order:
         decode()
-      if jax.process_index() == 0:
+      if first:
         if base_store is not None:
           base_store.write(chunk, base_lines, base_info)
         store.write(chunk, lines, info)
     bar.close()
-  if jax.process_index() != 0:
+  if not first:
     return {}
 
   output_path = os.path.join(output_dir, output_fname)
@@ -292,11 +310,21 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
   parser.add_argument('--tfds_data_dir', default=None, help='TFDS data dir override')
   parser.add_argument('--shard_id', type=int, default=None, help='overrides infer.shard_id')
   parser.add_argument('--multihost', action='store_true',
-                      help='call jax.distributed.initialize() first (multi-host runs)')
+                      help='join the other processes first (jax.distributed; one process '
+                      'per host, every one running this same command)')
+  parser.add_argument('--coordinator_address', default=None,
+                      help="with --multihost: process 0's HOST:PORT (default: detected)")
+  parser.add_argument('--process_count', type=int, default=None,
+                      help='with --multihost: the number of processes (default: detected)')
+  parser.add_argument('--process_index', type=int, default=None,
+                      help="with --multihost: this process's index (default: detected)")
   args = parser.parse_args(rewrite_gin_args(sys.argv[1:] if argv is None else argv))
+  given = [f'--{k}' for k in ('coordinator_address', 'process_count', 'process_index')
+           if getattr(args, k) is not None]
+  if given and not args.multihost:
+    parser.error(f'{", ".join(given)} take effect with --multihost only: add it.')
   if args.multihost:
-    from specdec_t5x.integration import partitioning  # pylint: disable=g-import-not-at-top
-    partitioning.initialize_distributed()
+    multihost.initialize(args.coordinator_address, args.process_count, args.process_index)
   if args.tfds_data_dir:
     seqio.set_tfds_data_dir_override(args.tfds_data_dir)
   try:

@@ -57,7 +57,8 @@ def task_metrics(task: Any, output_path: str) -> Optional[Dict[str, float]]:
 def run_metrics(task: Any, output_path: str, total: Dict[str, Any],
                 settings: Dict[str, Any], **extra: Any) -> Dict[str, Any]:
   """metrics.json of a finished run: task metrics, timing, acceptance statistics
-  (stats.summarize of the summed chunks), settings, git revision and devices."""
+  (stats.summarize of the summed chunks), settings, git revision and devices (all
+  processes' in a multi-host run, with `num_processes`)."""
   devices = jax.devices()
   seconds, warm_seconds = total.get('seconds', 0.0), total.get('warm_seconds', 0.0)
   return {
@@ -69,6 +70,7 @@ def run_metrics(task: Any, output_path: str, total: Dict[str, Any],
       **stats.summarize(total), **settings, 'git_revision': run_dir.git_revision(),
       'device_kind': devices[0].device_kind, 'platform': devices[0].platform,
       'num_devices': len(devices),
+      **({'num_processes': jax.process_count()} if jax.process_count() > 1 else {}),
   }
 
 

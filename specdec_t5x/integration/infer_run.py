@@ -137,7 +137,13 @@ class BatchRunner:
              'decoder_input_tokens': np.zeros((len(rows), self.max_len), np.int32)}
     compiles = enc.shape not in self.shapes_run  # The first batch of a shape compiles.
     self.shapes_run.add(enc.shape)
-    if self.partitioner is not None:
+    if self.partitioner is not None and jax.process_count() > 1:
+      # Each host feeds only its rows of the global batch (padded alike: every host
+      # knows the batch's lengths).
+      start, stop = self.partitioner.host_rows(len(rows))
+      batch = {k: self.partitioner.shard_host_rows(v[start:stop], len(rows), start)
+               for k, v in batch.items()}
+    elif self.partitioner is not None:
       batch = {k: self.partitioner.shard_batch(v) for k, v in batch.items()}
     tick = time.perf_counter()
     out = self.model.predict_batch_with_stats(self.params, batch,

@@ -22,6 +22,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 from absl import logging
 import flax
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 
@@ -254,6 +255,9 @@ class _SpeculativeMixin:
                                                      max_len=max_len),
                              alpha_source='given' if self.decode_config.gamma_alpha is not None
                              else 'warm-up decode of the first batch')
+    if jax.process_count() > 1:  # One program on every host: process 0's timings choose.
+      self.gamma_choice['gamma'] = int(multihost_utils.broadcast_one_to_all(
+          np.int32(self.gamma_choice['gamma'])))
 
   def predict_batch_with_aux(self, params: Any, batch: Mapping[str, Any],
                              rng: Optional[jax.Array] = None,

@@ -21,10 +21,11 @@ call serves one device or many.
 
 Multi-host (several processes, e.g. a TPU pod slice or several GPU hosts): every process
 runs the same command and calls `initialize_distributed()` first, before any other JAX
-call; on Cloud TPU the coordinator is discovered automatically, elsewhere pass
-`coordinator_address='host0:port', num_processes=N, process_id=i` (what
-`jax.distributed.initialize` takes). `python -m specdec_t5x.infer --multihost` does this.
-The mesh then spans `jax.devices()` of all processes.
+call (multihost.py); on Cloud TPU the coordinator is discovered automatically, elsewhere
+pass `coordinator_address='host0:port', num_processes=N, process_id=i`.
+`python -m specdec_t5x.infer --multihost` does this. The mesh then spans `jax.devices()`
+of all processes, and each process places only the rows of a batch that its own devices
+hold (`host_rows`, `shard_host_rows`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ import jax
 import numpy as np
 from flax import traverse_util
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from specdec_t5x.integration import multihost
 
 try:  # T5X is not on PyPI: use its partitioner only when it is installed.
   from t5x import partitioning as t5x_partitioning  # type: ignore
@@ -131,9 +134,8 @@ def _put(value: Any, sharding: NamedSharding) -> jax.Array:
 def initialize_distributed(coordinator_address: Optional[str] = None,
                            num_processes: Optional[int] = None,
                            process_id: Optional[int] = None) -> None:
-  """Multi-host start-up: `jax.distributed.initialize` (call before any other JAX use)."""
-  jax.distributed.initialize(coordinator_address=coordinator_address,
-                             num_processes=num_processes, process_id=process_id)
+  """Multi-host start-up (call before any other JAX use): multihost.initialize."""
+  multihost.initialize(coordinator_address, num_processes, process_id)
 
 
 def grid_mesh(devices: Sequence[Any], num_partitions: int) -> Mesh:
@@ -175,6 +177,28 @@ class _Placement:
     """Places a [batch, ...] array: rows sharded over 'data' (see `batch_spec`)."""
     array = np.asarray(array)
     return _put(array, NamedSharding(self.mesh, self.batch_spec(array.shape[0])))
+
+  def host_rows(self, batch_size: int) -> Tuple[int, int]:
+    """(start, stop): the rows of a batch that this process's devices hold (a block,
+    as T5X's hosts each feed their part of a global batch; all rows where the batch is
+    replicated, or where model parallelism spans the hosts)."""
+    sharding = NamedSharding(self.mesh, self.batch_spec(batch_size))
+    rows = sorted({(i[0].start or 0, batch_size if i[0].stop is None else i[0].stop)
+                   for i in sharding.addressable_devices_indices_map((batch_size,)).values()})
+    if any(a[1] != b[0] for a, b in zip(rows, rows[1:])):
+      return 0, batch_size  # not one block (an unusual device order): hold them all
+    return rows[0][0], rows[-1][1]
+
+  def shard_host_rows(self, rows: Any, batch_size: int, start: int) -> jax.Array:
+    """A global [batch_size, ...] array from this process's rows start..start+len(rows)
+    (`host_rows`); each process passes its own."""
+    rows = np.asarray(rows)
+    sharding = NamedSharding(self.mesh, self.batch_spec(batch_size))
+    def local(index):
+      first = index[0].start or 0
+      stop = batch_size if index[0].stop is None else index[0].stop
+      return rows[(slice(first - start, stop - start),) + tuple(index[1:])]
+    return jax.make_array_from_callback((batch_size,) + rows.shape[1:], sharding, local)
 
 
 class StandalonePjitPartitioner(_Placement):
