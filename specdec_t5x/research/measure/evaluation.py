@@ -165,8 +165,12 @@ def from_gin(gin_files: Sequence[str], bindings: Sequence[str], num_examples: in
                                      allow_truncation=kw.get('allow_truncation', True),  # infer's default
                                      num_examples=num_examples, shard_id=0, num_shards=1)
   lengths = dict(data.task_feature_lengths)
-  params = model.restore_target(restore.path, restore.dtype, seed)
+  # Placed on the device as the runner places them (infer.py): numpy params would be
+  # copied to the device by every decode call.
+  params = jax.device_put(model.restore_target(restore.path, restore.dtype, seed))
   model.restore_draft(restore.dtype, seed)
+  if model.is_speculative:
+    model.draft_params = jax.device_put(model.draft_params)
   return {'model': model, 'target': (model.target_module, params),
           'draft': (model.draft_module, model.draft_params) if model.is_speculative else None,
           'enc': batching.pad_batch([e['inputs'] for e in examples], lengths['inputs']),

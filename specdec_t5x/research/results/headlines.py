@@ -345,3 +345,11 @@ def tree_budget(d):
     parts.append(f'{task}: {text}')
   return ('greedy tokens per target call, the best tree over the chain of as many verified '
           'positions: ' + '; '.join(parts))
+
+
+def demo_parts(d):
+  """Per run file: the speedup, each decode's ms per batch and the prefill both pay."""
+  return 'a demo batch, ms: ' + '; '.join(
+      f"{f['dtype']} {_x(f['speedup'])} (AR {f['rows']['AR']['batch_seconds'] * 1e3:.1f}, "
+      f"speculative {f['rows']['speculative']['batch_seconds'] * 1e3:.1f}, prefill "
+      f"{f['rows']['AR']['parts']['prefill'] * 1e3:.1f} of each)" for f in d['files'])
