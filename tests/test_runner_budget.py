@@ -67,3 +67,24 @@ def test_a_warm_batch_compiles_nothing_and_moves_only_its_inputs(monkeypatch, ca
   # The encoder tokens and the batch's key (fold_in of its index): nothing per weight,
   # per setting or per statistic.
   assert transfers == 2, transfers
+
+
+def test_numpy_params_move_to_the_device_once(capfd):
+  """checkpoints.load_params gives numpy arrays: generate places them once per params tree,
+  not with every call (each call would otherwise copy every weight to the device)."""
+  from specdec_t5x import generate  # pylint: disable=g-import-not-at-top
+  params = jax.tree_util.tree_map(
+      np.asarray, models.init_params(Transformer(CFG), jax.random.PRNGKey(0)))
+  tokens = np.array([[5, 6, 7, 0]], np.int32)
+  key = jax.random.PRNGKey(3)
+  first = generate((Transformer(CFG), params), tokens, max_decode_length=6, rng=key)
+  capfd.readouterr()
+  with jax.transfer_guard_host_to_device('log_explicit'):
+    again = generate((Transformer(CFG), params), tokens, max_decode_length=6, rng=key)
+  transfers = capfd.readouterr().err.count('host-to-device transfer')
+  np.testing.assert_array_equal(first.tokens, again.tokens)
+  assert transfers == 1, transfers  # the encoder tokens alone
+  fresh = jax.tree_util.tree_map(np.copy, params)  # new arrays: placed again, same tokens
+  np.testing.assert_array_equal(
+      generate((Transformer(CFG), fresh), tokens, max_decode_length=6, rng=key).tokens,
+      first.tokens)

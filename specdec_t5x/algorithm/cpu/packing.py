@@ -19,6 +19,7 @@ import weakref
 from flax import traverse_util
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specdec_t5x.algorithm import checks, feature_draft, layers, network
 from specdec_t5x.algorithm.cpu import f32, matmul, modes
@@ -122,8 +123,41 @@ _MAKE_PANELS = jax.jit(lambda params, formats: decode_kernels(params, dict(forma
 _MAKE_TRANSPOSED = jax.jit(transposed_embedding)
 
 
+_PLACED: 'collections.OrderedDict[Any, Tuple[list, Any]]' = collections.OrderedDict()
+
+
+def on_device(params):
+  """`params` with its numpy leaves on the default device: placed once per params tree
+  and cached while its leaves live (as the packed collections are), since numpy params
+  (checkpoints.load_params returns them) would otherwise be copied to the device by every
+  decode call. Params without numpy leaves (device arrays, tracers) come back as they are.
+  Like every cache here it knows a tree by its leaves' identity: give new arrays, not
+  arrays changed in place."""
+  leaves = jax.tree_util.tree_leaves(params)
+  if not any(isinstance(x, np.ndarray) for x in leaves):
+    return params
+  key = tuple(id(x) for x in leaves)
+  hit = _PLACED.get(key)
+  if hit is None or any(ref() is not x for ref, x in zip(hit[0], leaves)):
+    placed = jax.device_put(params)
+    try:
+      refs = [weakref.ref(x, functools.partial(_unplace, key)) for x in leaves]
+    except TypeError:  # leaves without weak references: placed every call
+      return placed
+    hit = _PLACED[key] = (refs, placed)
+    while len(_PLACED) > _PACKED_KEEP:
+      _PLACED.popitem(last=False)
+  _PLACED.move_to_end(key)
+  return hit[1]
+
+
+def _unplace(key, _dead_ref) -> None:
+  _PLACED.pop(key, None)
+
+
 def decode_variables(module, params, mode: Optional[str] = None) -> dict:
-  """The variables the decode path applies `module` with: {'params': params}, plus, for a
+  """The variables the decode path applies `module` with: {'params': params} (numpy leaves
+  placed on the device once: `on_device`), plus, for a
   network.Transformer or feature head on the CPU backend, one more collection made once
   per params tree, cached while it lives and freed with it (`collection`): its packed
   layers in the formats `plan` gives them (kernel `mode`: DecodeConfig.cpu_kernels; None:
@@ -138,6 +172,7 @@ def decode_variables(module, params, mode: Optional[str] = None) -> dict:
   gather every weight onto each device and each would compute the whole model, so XLA's
   dot (which GSPMD partitions) is used on the params as they are, with one log line.
   """
+  params = on_device(params)
   variables = {'params': params}
   kind = collection(module, mode)
   if kind is None:
