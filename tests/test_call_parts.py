@@ -1,7 +1,15 @@
-"""The itemization of a runner batch (research/measure/call_parts.py): its arithmetic."""
+"""The itemization of a runner batch (research/measure/call_parts.py): its arithmetic, and
+one run end to end."""
+import json
+import pathlib
+import subprocess
+import sys
+
 import pytest
 
 from specdec_t5x.research.measure import call_parts
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_itemize_prices_calls_and_keeps_the_nested_regions_apart():
@@ -32,3 +40,24 @@ def test_itemize_prices_an_autoregressive_decode_with_the_one_token_step():
   assert row['parts']['target_calls'] == pytest.approx(0.6)
   assert row['parts']['draft_calls'] == 0
   assert row['parts']['loop_work'] == pytest.approx(0.1)
+
+
+@pytest.mark.slow
+def test_a_run_file_is_itemized_end_to_end(tmp_path):
+  """compare_decodes.py --experiment=demo_parts over a run file (random tiny models): both
+  decodes, every part, and the decodes' counts (greedy: the same tokens)."""
+  out = tmp_path / 'parts'
+  proc = subprocess.run(
+      [sys.executable, 'scripts/compare_decodes.py', '--experiment=demo_parts',
+       '--num_examples=2', '--repeats=1', '--gin_files=configs/spec_tiny_test.gin',
+       '--out', str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  (run,) = json.loads(out.with_suffix('.json').read_text())['files']
+  assert run['gamma'] == 4 and set(run['rows']) == {'AR', 'speculative'}
+  ar, spec = run['rows']['AR'], run['rows']['speculative']
+  for row in (ar, spec):
+    assert set(row['parts']) == set(call_parts.PARTS) and row['batch_seconds'] > 0
+  assert ar['target_calls'] == ar['generated_tokens'] == spec['generated_tokens']
+  assert ar['drafted_tokens'] == 0 < spec['drafted_tokens']
+  assert spec['target_calls'] <= ar['target_calls']  # random drafts: rarely accepted
+  assert 'configs/spec_tiny_test.gin' in out.with_suffix('.md').read_text()
