@@ -216,10 +216,12 @@ def generate(target: ModelAndParams, encoder_input_tokens, *, draft: Optional[Mo
                        '(models.py, auto_gamma.py); generate needs an integer gamma.')
     check_vocab_sizes(target_module, draft_module)
     check_feature_draft(target_module, draft_module)
-  vocab = feature_draft.vocabulary(draft_module.config) if reads_features(draft_module) else None
+  # A head with a reduced draft vocabulary drafts over its len(draft_vocab) ids.
+  columns = None
+  if reads_features(draft_module):
+    columns = len(draft_module.config.draft_vocab) or None
   why = checks.draft_tree(config, reads_features(draft_module), draft is not None,
-                          isinstance(draft_module, network.Transformer),
-                          None if vocab is None else len(vocab.ids))
+                          isinstance(draft_module, network.Transformer), columns)
   if why:
     raise ValueError(why)
   rng = jax.random.PRNGKey(0) if rng is None else rng

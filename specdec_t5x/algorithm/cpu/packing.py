@@ -116,7 +116,7 @@ def collection(module, mode: Optional[str]) -> Optional[str]:
   return layers.TRANSPOSED if tied else None
 
 
-_PACKED: 'collections.OrderedDict[Any, Tuple[list, dict]]' = collections.OrderedDict()
+_PACKED: 'collections.OrderedDict[Any, Tuple[list, Any, dict]]' = collections.OrderedDict()
 _PACKED_KEEP = 4  # params trees whose decode collections (decode_variables) stay cached
 _MAKE_PANELS = jax.jit(lambda params, formats: decode_kernels(params, dict(formats)),
                        static_argnums=1)
@@ -141,7 +141,7 @@ def on_device(params):
   if hit is None or any(ref() is not x for ref, x in zip(hit[0], leaves)):
     placed = jax.device_put(params)
     try:
-      refs = [weakref.ref(x, functools.partial(_unplace, key)) for x in leaves]
+      refs = [weakref.ref(x, functools.partial(_drop, _PLACED, key)) for x in leaves]
     except TypeError:  # leaves without weak references: placed every call
       return placed
     hit = _PLACED[key] = (refs, placed)
@@ -149,10 +149,6 @@ def on_device(params):
       _PLACED.popitem(last=False)
   _PLACED.move_to_end(key)
   return hit[1]
-
-
-def _unplace(key, _dead_ref) -> None:
-  _PLACED.pop(key, None)
 
 
 def decode_variables(module, params, mode: Optional[str] = None) -> dict:
@@ -172,49 +168,53 @@ def decode_variables(module, params, mode: Optional[str] = None) -> dict:
   gather every weight onto each device and each would compute the whole model, so XLA's
   dot (which GSPMD partitions) is used on the params as they are, with one log line.
   """
-  params = on_device(params)
-  variables = {'params': params}
   kind = collection(module, mode)
   if kind is None:
-    return variables
-  leaves = jax.tree_util.tree_leaves(params)
-  spread = devices_holding(leaves)
+    return {'params': on_device(params)}
+  dtype = jnp.dtype(module.config.dtype)
+  policy = (kind == matmul.COLLECTION and modes.bf16_storage(mode),
+            kind == matmul.COLLECTION and modes.pair_arithmetic(mode, dtype))
+  given = jax.tree_util.tree_leaves(params)
+  key = (kind, type(module), dtype) + policy + tuple(id(x) for x in given)
+  hit = _PACKED.get(key)
+  if hit is not None and all(ref() is x for ref, x in zip(hit[0], given)):
+    _PACKED.move_to_end(key)  # the same leaves: placed, on one device, packed before
+    return {'params': params if hit[1] is None else hit[1], kind: hit[2]}
+  given_params, params = params, on_device(params)
+  variables = {'params': params}
+  spread = devices_holding(jax.tree_util.tree_leaves(params))
   if spread > 1:
     if kind == matmul.COLLECTION:
       _log_sharded(spread)
     return variables
-  dtype = jnp.dtype(module.config.dtype)
-  policy = (kind == matmul.COLLECTION and modes.bf16_storage(mode),
-            kind == matmul.COLLECTION and modes.pair_arithmetic(mode, dtype))
-  key = (kind, type(module), dtype) + policy + tuple(id(x) for x in leaves)
-  hit = _PACKED.get(key)
-  if hit is None or any(ref() is not x for ref, x in zip(hit[0], leaves)):
-    if kind == matmul.COLLECTION:
-      formats = tuple((p, f) for p, (f, _) in plan(module, params, mode).items() if f)
-      made = _MAKE_PANELS(params, formats)
-    else:
-      made = _MAKE_TRANSPOSED(params)
-    if any(checks.is_traced(x) for x in jax.tree_util.tree_leaves((made, params))):
-      return dict(variables, **{kind: made})  # inside a trace
-    try:  # an entry goes when its params do: its panels are a second copy of the weights
-      refs = [weakref.ref(x, functools.partial(_forget, key)) for x in leaves]
-    except TypeError:  # leaves without weak references: made every call
-      return dict(variables, **{kind: made})
-    hit = _PACKED[key] = (refs, made)
-    while len(_PACKED) > _PACKED_KEEP:
-      _PACKED.popitem(last=False)
-  _PACKED.move_to_end(key)
-  return dict(variables, **{kind: hit[1]})
+  if kind == matmul.COLLECTION:
+    formats = tuple((p, f) for p, (f, _) in plan(module, params, mode).items() if f)
+    made = _MAKE_PANELS(params, formats)
+  else:
+    made = _MAKE_TRANSPOSED(params)
+  if any(checks.is_traced(x) for x in jax.tree_util.tree_leaves((made, params))):
+    return dict(variables, **{kind: made})  # inside a trace
+  try:  # an entry goes when its params do: its panels are a second copy of the weights
+    refs = [weakref.ref(x, functools.partial(_drop, _PACKED, key)) for x in given]
+  except TypeError:  # leaves without weak references: made every call
+    return dict(variables, **{kind: made})
+  # The entry keeps a placed copy (numpy leaves), never the given leaves themselves: it
+  # must go when they do.
+  _PACKED[key] = (refs, None if params is given_params else params, made)
+  while len(_PACKED) > _PACKED_KEEP:
+    _PACKED.popitem(last=False)
+  return dict(variables, **{kind: made})
 
 
 def cached_collections() -> list:
   """The decode collections cached now (one per params tree), least recently used first."""
-  return [made for _, made in _PACKED.values()]
+  return [made for _, _, made in _PACKED.values()]
 
 
-def _forget(key, _dead_ref) -> None:
-  """Drops the cached collection of a params tree one of whose weights was freed."""
-  _PACKED.pop(key, None)
+def _drop(cache, key, _dead_ref) -> None:
+  """Drops a cache entry whose params tree lost a leaf (a weak reference's callback; the
+  cache is bound in, so this also runs while the interpreter shuts down)."""
+  cache.pop(key, None)
 
 
 def devices_holding(leaves) -> int:
