@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import load_script, random_inputs
+from specdec_t5x.algorithm import api
 from specdec_t5x.algorithm.config import DecodeConfig
 from specdec_t5x.research.measure import grid, loop_profile, reference
 
@@ -92,7 +93,11 @@ def _target_calls(dec, greedy):
 
 def _name(dec):
   """The script's name of the decoder's draft ('ar' without one)."""
-  return 'ar' if dec.draft is None else 'self' if dec.draft is dec.target else 'small'
+  if dec.draft is None:
+    return 'ar'
+  if dec.draft is dec.target:
+    return 'self'
+  return 'head' if api.reads_features(dec.draft[0]) else 'small'
 
 
 def _check_greedy_decoder(dec):
@@ -242,3 +247,51 @@ def test_grid_rows_hold_each_decodes_median_tokens_per_call_and_speedup(target_a
         timed.median['ar'] / timed.ar.generated_tokens / (row['seconds'] / dec.generated_tokens))
     lo, hi = row['speedup_ci95']
     assert lo <= hi
+
+
+@pytest.mark.slow  # the loop-efficiency script, run end to end with a feature head
+@pytest.mark.timing
+def test_tiny_feature_head_runs_every_part_in_float32_and_bfloat16(tmp_path, monkeypatch):
+  """The demo's setting at tiny sizes: a feature head (--drafts head) at gamma 1, with the
+  float32 packed kernels and with 'packed_bf16' (target and head computing in bfloat16).
+  Every part of the audit covers the head: its costs (the re-feed of the verify window),
+  the ladder's rungs (fed the target's features), the profile's draft calls and the copies;
+  each row's efficiency comes with its 95% interval, rendered."""
+  out = tmp_path / 'loop'
+  decoders = _record_decoders(monkeypatch)
+  load_script('compare_decodes').main(['--experiment=loop_efficiency', '--tiny', '--out',
+                                       str(out), '--gammas', '1', '--temperatures', '0',
+                                       '--repeats', '2', '--matmuls', 'packed,packed_bf16',
+                                       '--drafts', 'head,self', '--ladder_calls', '300'])
+  data = json.loads(out.with_suffix('.json').read_text())
+  assert data['drafts'] == ['head', 'self'] and list(data['matmuls']) == ['packed', 'packed_bf16']
+  by_dtype = {}
+  for dec in decoders:
+    by_dtype.setdefault(str(np.dtype(dec.target[0].config.dtype)), []).append(dec)
+    if dec.draft is not None and dec.draft is not dec.target:
+      assert dec.draft[0].config.dtype == dec.target[0].config.dtype  # head as the target
+  assert sorted(_name(d) for d in by_dtype['float32']) == ['ar', 'head', 'self']
+  assert sorted(_name(d) for d in by_dtype['bfloat16']) == ['ar', 'head', 'self']
+  greedy = _greedy(by_dtype['float32'][0])  # float32: every decode the target's greedy tokens
+  for dec in by_dtype['float32']:
+    n = _lengths(greedy, dec.eos_id)
+    for got, want, k in zip(dec.tokens, greedy, n):
+      np.testing.assert_array_equal(got, want[:k])
+  for matmul, res in data['matmuls'].items():
+    assert res['costs_s']['t_draft_refeed_head_g1'] > 0  # the head's 2-position re-feed
+    assert res['costs_s']['t_draft_step_head'] > 0
+    ladder = res['ladder_s']['head_g1']
+    assert set(ladder) == {'alone', 'chained', 'interleaved'} and min(ladder.values()) > 0
+    row = next(r for r in res['groups'][0]['rows'] if r['draft'] == 'head')
+    assert row['profile']['per_iteration_s']['draft_calls'] > 0, matmul
+    assert row['copies']['whole_buffer'] == [] and row['loop_s'] > 0
+    for name in ('efficiency_end_to_end', 'efficiency_as_made'):
+      lo, hi = row[f'{name}_ci95']
+      assert 0 < lo <= hi
+      assert row[f'{name}_ci95'] == pytest.approx(
+          [x / (row['speedup_measured'] / row[name]) for x in row['speedup_measured_ci95']])
+  md = out.with_suffix('.md').read_text()
+  assert '## packed_bf16 (target and drafts in bfloat16)' in md and '| head | 1 |' in md
+  eff = next(r for r in data['matmuls']['packed']['groups'][0]['rows'] if r['draft'] == 'head')
+  lo, hi = eff['efficiency_end_to_end_ci95']
+  assert f'{eff["efficiency_end_to_end"]:.2f} ({lo:.2f}-{hi:.2f})' in md
