@@ -1,5 +1,6 @@
 """The speculative loop against its ideal, and where an iteration's time goes: the demo
-family, batch 8, and random-weight T5 v1.1 targets (research/measure/loop_efficiency.py)."""
+family, batch 8, random-weight T5 v1.1 targets, and the demo's own configuration (its
+feature head, gamma 1, float32 and bfloat16) (research/measure/loop_efficiency.py)."""
 
 from specdec_t5x.research.experiments._base import Experiment, Step
 from specdec_t5x.research.results import headlines
@@ -21,4 +22,8 @@ EXPERIMENT = Experiment(
              _RUN + ('--random_target', 'small') + _RANDOM, **_KW),
         Step('loop_efficiency_t5_1_1_base', 'compare_decodes.py',
              _RUN + ('--random_target', 'base') + _RANDOM, **_KW),
+        Step('loop_efficiency_demo', 'compare_decodes.py', _RUN + (
+            '--drafts', 'demo_feature_head_kd', '--gammas', '1', '--temperatures', '0',
+            '--matmuls', 'packed,packed_bf16', '--num_examples', '24', '--repeats', '9'),
+             headline=headlines.loop_efficiency),
     ))
