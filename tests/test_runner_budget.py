@@ -88,3 +88,17 @@ def test_numpy_params_move_to_the_device_once(capfd):
   np.testing.assert_array_equal(
       generate((Transformer(CFG), fresh), tokens, max_decode_length=6, rng=key).tokens,
       first.tokens)
+
+
+def test_constants_first_made_inside_an_outer_trace_do_not_leak_out_of_it():
+  """generate under jit (as T5X's infer calls the model) first, then eagerly with the same
+  EOS id and sampling values: the constants staged into the trace are not kept for later."""
+  from specdec_t5x import generate  # pylint: disable=g-import-not-at-top
+  module = Transformer(CFG)
+  params = models.init_params(module, jax.random.PRNGKey(0))
+  tokens = np.array([[5, 6, 7, 0]], np.int32)
+  # An EOS id and a temperature no other test uses: their constants are first made here.
+  run = lambda enc: generate((module, params), enc, max_decode_length=5, eos_id=37,
+                             temperature=0.6172, rng=jax.random.PRNGKey(1)).tokens
+  traced = jax.jit(run)(tokens)
+  np.testing.assert_array_equal(run(tokens), traced)

@@ -5,7 +5,6 @@ such memo uses (`program_key`), and a decode program bound to its sampling value
 from __future__ import annotations
 
 import collections
-import functools
 from typing import Any, Callable
 
 import jax
@@ -47,18 +46,26 @@ def memoized_program(memo: 'collections.OrderedDict[Any, Any]', key: Any,
   return memo[key]
 
 
+_CONSTANTS: 'collections.OrderedDict[Any, jax.Array]' = collections.OrderedDict()
+CONSTANTS_KEEP = 256  # run-time constants kept on the device
+
+
 def run_time_constant(value: Any, dtype: Any) -> jax.Array:
   """`value` (a scalar or a small array) as a device array of `dtype`, made once per value:
   the run-time arguments every call of a program repeats (the EOS id, the sampling values)
   move to the device once, not with every call. Uncommitted, as jnp.asarray makes it, so a
-  partitioned program places it where it needs it."""
+  partitioned program places it where it needs it. Inside an outer trace (generate under
+  jit, as T5X's infer calls it) the value is staged into that trace and not kept."""
   array = np.asarray(value, dtype)
-  return _device_constant(array.tobytes(), array.dtype.str, array.shape)
-
-
-@functools.lru_cache(maxsize=256)
-def _device_constant(data: bytes, dtype: str, shape: tuple) -> jax.Array:
-  return jax.numpy.asarray(np.frombuffer(data, dtype).reshape(shape))
+  key = (array.tobytes(), array.dtype.str, array.shape)
+  if key not in _CONSTANTS:
+    made = jax.numpy.asarray(array)
+    if isinstance(made, jax.core.Tracer):
+      return made
+    _CONSTANTS[key] = made
+    while len(_CONSTANTS) > CONSTANTS_KEEP:
+      _CONSTANTS.popitem(last=False)
+  return _CONSTANTS[key]
 
 
 class BoundProgram:
