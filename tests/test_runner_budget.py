@@ -102,3 +102,15 @@ def test_constants_first_made_inside_an_outer_trace_do_not_leak_out_of_it():
                              temperature=0.6172, rng=jax.random.PRNGKey(1)).tokens
   traced = jax.jit(run)(tokens)
   np.testing.assert_array_equal(run(tokens), traced)
+
+
+def test_numpy_params_placed_inside_an_outer_trace_do_not_leak_out_of_it():
+  """Numpy params closed over by a jitted generate, then the same params eagerly."""
+  from specdec_t5x import generate  # pylint: disable=g-import-not-at-top
+  module = Transformer(CFG)
+  params = jax.tree_util.tree_map(
+      np.asarray, models.init_params(module, jax.random.PRNGKey(2)))
+  tokens = np.array([[5, 6, 7, 0]], np.int32)
+  run = lambda enc: generate((module, params), enc, max_decode_length=5).tokens
+  traced = jax.jit(run)(tokens)
+  np.testing.assert_array_equal(run(tokens), traced)

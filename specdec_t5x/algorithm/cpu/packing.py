@@ -130,7 +130,8 @@ def on_device(params):
   """`params` with its numpy leaves on the default device: placed once per params tree
   and cached while its leaves live (as the packed collections are), since numpy params
   (checkpoints.load_params returns them) would otherwise be copied to the device by every
-  decode call. Params without numpy leaves (device arrays, tracers) come back as they are.
+  decode call (inside an outer trace they are staged into it, and not kept). Params without
+  numpy leaves (device arrays, tracers) come back as they are.
   Like every cache here it knows a tree by its leaves' identity: give new arrays, not
   arrays changed in place."""
   leaves = jax.tree_util.tree_leaves(params)
@@ -140,6 +141,8 @@ def on_device(params):
   hit = _PLACED.get(key)
   if hit is None or any(ref() is not x for ref, x in zip(hit[0], leaves)):
     placed = jax.device_put(params)
+    if any(checks.is_traced(x) for x in jax.tree_util.tree_leaves(placed)):
+      return placed  # inside an outer trace: staged into it, not kept
     try:
       refs = [weakref.ref(x, functools.partial(_drop, _PLACED, key)) for x in leaves]
     except TypeError:  # leaves without weak references: placed every call
