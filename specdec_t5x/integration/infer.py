@@ -30,7 +30,6 @@ the chunk files are in infer_run.py, the jsonl lines and metrics.json in infer_o
 from __future__ import annotations
 
 import argparse
-import copy
 import importlib
 import json
 import os
@@ -47,7 +46,7 @@ from tqdm import tqdm
 from specdec_t5x.integration import (gin_checks, infer_checks, infer_output, multihost,
                                      run_dir, tasks, vocab_check)
 from specdec_t5x.integration.infer_run import (BatchRunner, ChunkStore, examples_sha256,
-                                               load_examples)
+                                               load_examples, target_alone)
 
 MODES = infer_checks.MODES
 
@@ -172,11 +171,7 @@ def infer(*, mode: str, model: Any, dataset_cfg: Any, restore_checkpoint_cfg: An
     if first:
       infer_output.print_summary(finished, output_dir, metrics_name, reused=True)
     return finished if first else {}
-  base_model = None
-  if with_baseline:  # Target-only runs, batch by batch.
-    base_model = copy.copy(model)
-    base_model.draft_module = None
-    base_model.decode_config = model.decode_config.without_tree()  # the target alone
+  base_model = target_alone(model) if with_baseline else None  # run batch by batch
   if shard_id == 0 and first:  # Only once the settings are known good.
     run_dir.write_atomic(os.path.join(output_dir, 'config.gin'), gin.config_str())
   resumed = num_chunks - len(todo)

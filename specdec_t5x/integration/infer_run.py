@@ -10,6 +10,7 @@ count, and `assemble` concatenates them into the final file, atomically.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -116,6 +117,16 @@ def examples_sha256(examples: Sequence[Mapping[str, Any]]) -> str:
         digest.update(len(part).to_bytes(8, 'little') + part)
     digest.update(b'\x00end')
   return digest.hexdigest()
+
+
+def target_alone(model: Any) -> Any:
+  """A copy of the T5X model that decodes with its target alone: a run's autoregressive
+  baseline (no draft; the same settings without a draft tree, which a target alone does
+  not verify)."""
+  base = copy.copy(model)
+  base.draft_module = None
+  base.decode_config = model.decode_config.without_tree()
+  return base
 
 
 class BatchRunner:

@@ -26,7 +26,6 @@ the runner's time: how much of a batch the itemized parts account for.
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Dict, List
 
 import jax
@@ -37,6 +36,7 @@ import numpy as np
 from specdec_t5x.algorithm import api, batching
 from specdec_t5x.algorithm.cpu import modes, packing
 from specdec_t5x.algorithm.decode import core
+from specdec_t5x.integration import infer_run
 from specdec_t5x.research.measure import evaluation, grid, measurement
 from specdec_t5x.research.results import harness
 
@@ -70,9 +70,7 @@ def _prefill_fn(target, draft, max_len: int, config) -> Any:
 def _decodes(run: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
   """The run file's two decodes: (T5X model, target, draft or None, DecodeConfig)."""
   model = run['model']
-  base = copy.copy(model)  # the target alone, as infer's compare_baseline makes it
-  base.draft_module = None
-  base.decode_config = model.decode_config.without_tree()
+  base = infer_run.target_alone(model)  # as infer's compare_baseline makes it
   return {'AR': dict(model=base, draft=None, config=base.run_config),
           'speculative': dict(model=model, draft=run['draft'], config=model.run_config)}
 
