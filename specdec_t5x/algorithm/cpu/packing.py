@@ -116,7 +116,7 @@ def collection(module, mode: Optional[str]) -> Optional[str]:
   return layers.TRANSPOSED if tied else None
 
 
-_PACKED: 'collections.OrderedDict[Any, Tuple[list, Any, dict]]' = collections.OrderedDict()
+_PACKED: 'collections.OrderedDict[Any, Tuple[list, Tuple[Any, dict]]]' = collections.OrderedDict()
 _PACKED_KEEP = 4  # params trees whose decode collections (decode_variables) stay cached
 _MAKE_PANELS = jax.jit(lambda params, formats: decode_kernels(params, dict(formats)),
                        static_argnums=1)
@@ -138,20 +138,34 @@ def on_device(params):
   if not any(isinstance(x, np.ndarray) for x in leaves):
     return params
   key = tuple(id(x) for x in leaves)
-  hit = _PLACED.get(key)
+  placed = _cached(_PLACED, key, leaves)
+  if placed is None:
+    placed = jax.device_put(params)  # inside an outer trace: staged into it, not kept
+    if not any(checks.is_traced(x) for x in jax.tree_util.tree_leaves(placed)):
+      _keep(_PLACED, key, leaves, placed)
+  return placed
+
+
+def _cached(cache, key, leaves) -> Any:
+  """The value `cache` keeps for the params tree of these leaves (None: none kept, or one
+  of another tree that reused their ids)."""
+  hit = cache.get(key)
   if hit is None or any(ref() is not x for ref, x in zip(hit[0], leaves)):
-    placed = jax.device_put(params)
-    if any(checks.is_traced(x) for x in jax.tree_util.tree_leaves(placed)):
-      return placed  # inside an outer trace: staged into it, not kept
-    try:
-      refs = [weakref.ref(x, functools.partial(_drop, _PLACED, key)) for x in leaves]
-    except TypeError:  # leaves without weak references: placed every call
-      return placed
-    hit = _PLACED[key] = (refs, placed)
-    while len(_PLACED) > _PACKED_KEEP:
-      _PLACED.popitem(last=False)
-  _PLACED.move_to_end(key)
+    return None
+  cache.move_to_end(key)
   return hit[1]
+
+
+def _keep(cache, key, leaves, value) -> None:
+  """Keeps `value` in `cache` while every leaf lives (not at all for leaves without weak
+  references: made again each call); the least recently used beyond _PACKED_KEEP go."""
+  try:
+    refs = [weakref.ref(x, functools.partial(_drop, cache, key)) for x in leaves]
+  except TypeError:
+    return
+  cache[key] = (refs, value)
+  while len(cache) > _PACKED_KEEP:
+    cache.popitem(last=False)
 
 
 def decode_variables(module, params, mode: Optional[str] = None) -> dict:
@@ -179,10 +193,10 @@ def decode_variables(module, params, mode: Optional[str] = None) -> dict:
             kind == matmul.COLLECTION and modes.pair_arithmetic(mode, dtype))
   given = jax.tree_util.tree_leaves(params)
   key = (kind, type(module), dtype) + policy + tuple(id(x) for x in given)
-  hit = _PACKED.get(key)
-  if hit is not None and all(ref() is x for ref, x in zip(hit[0], given)):
-    _PACKED.move_to_end(key)  # the same leaves: placed, on one device, packed before
-    return {'params': params if hit[1] is None else hit[1], kind: hit[2]}
+  hit = _cached(_PACKED, key, given)
+  if hit is not None:  # the same leaves: placed, on one device, packed before
+    placed, made = hit
+    return {'params': params if placed is None else placed, kind: made}
   given_params, params = params, on_device(params)
   variables = {'params': params}
   spread = devices_holding(jax.tree_util.tree_leaves(params))
@@ -195,23 +209,17 @@ def decode_variables(module, params, mode: Optional[str] = None) -> dict:
     made = _MAKE_PANELS(params, formats)
   else:
     made = _MAKE_TRANSPOSED(params)
-  if any(checks.is_traced(x) for x in jax.tree_util.tree_leaves((made, params))):
-    return dict(variables, **{kind: made})  # inside a trace
-  try:  # an entry goes when its params do: its panels are a second copy of the weights
-    refs = [weakref.ref(x, functools.partial(_drop, _PACKED, key)) for x in given]
-  except TypeError:  # leaves without weak references: made every call
-    return dict(variables, **{kind: made})
-  # The entry keeps a placed copy (numpy leaves), never the given leaves themselves: it
-  # must go when they do.
-  _PACKED[key] = (refs, None if params is given_params else params, made)
-  while len(_PACKED) > _PACKED_KEEP:
-    _PACKED.popitem(last=False)
+  if not any(checks.is_traced(x) for x in jax.tree_util.tree_leaves((made, params))):
+    # An entry goes when its params do (its panels are a second copy of the weights), so it
+    # keeps a placed copy (numpy leaves), never the given leaves themselves. Inside a trace
+    # nothing is kept.
+    _keep(_PACKED, key, given, (None if params is given_params else params, made))
   return dict(variables, **{kind: made})
 
 
 def cached_collections() -> list:
   """The decode collections cached now (one per params tree), least recently used first."""
-  return [made for _, _, made in _PACKED.values()]
+  return [made for _, (_, made) in _PACKED.values()]
 
 
 def _drop(cache, key, _dead_ref) -> None:
