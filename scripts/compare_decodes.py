@@ -112,7 +112,8 @@ def markdown(exp, results):
                 for r in results)
   quality = lambda r: (f"BLEU {r['bleu']:.2f}" if 'bleu' in r else ', '.join(
       f'{k} {r[k]:.2f}' for k in ('rouge1', 'rouge2', 'rougeLsum') if k in r))
-  header = ['task', 't', 'decode', 'positions', 'alpha', 'tokens/call', 'drafts/step']
+  header = ['task', 't', 'decode', 'positions', 'alpha', 'acceptance rate', 'tokens/call',
+            'drafts/step']
   header += ['accepted chain / copy / siblings'] if sources else []
   header += ['seconds', 'vs AR', 'vs best chain', '== AR']
   header += ['quality'] if exp.quality else []
@@ -121,7 +122,8 @@ def markdown(exp, results):
   for r in results:
     row = [r['task'], f"{r['temperature']:g}",
            r['decode'] + (' (**LOSSY**)' if r['lossy'] else ''), r['verified_positions'],
-           harness.fmt(r['alpha_empirical']), f"{r['mean_tokens_per_target_call']:.2f}",
+           harness.fmt(r['alpha']), harness.fmt(r['acceptance_rate']),
+           f"{r['mean_tokens_per_target_call']:.2f}",
            f"{r['drafts_per_step']:.2f}"]
     row += [' / '.join(str(n) for n in r['accepted_by_source'].values())] if sources else []
     row += [f"{r['seconds']:.2f}", f"{r['speedup_vs_ar']:.2f}",
@@ -131,7 +133,7 @@ def markdown(exp, results):
     row += ([f"{r['tpc_precise']:.3f} +- {r['tpc_stderr']:.3f}" if 'tpc_precise' in r
              else '-'] if exp.precise else [])
     body.append(row)
-  return harness.table(header, body, 'lllrrrr' + 'r' * sources + 'rrrl')
+  return harness.table(header, body, 'lllrrrrr' + 'r' * sources + 'rrrl')
 
 
 def main(argv=None):

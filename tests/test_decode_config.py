@@ -100,7 +100,7 @@ def test_stats_are_typed_and_read_as_a_mapping(target_and_draft):
   assert np.asarray(out.stats['target_calls']).shape == (3,)
   assert np.asarray(out.stats['accepted_length_histogram']).shape == (4,)
   assert out.stats['generated_tokens'] is out.stats.generated_tokens
-  assert set(dict(out.stats)) == set(out.stats.keys()) and len(out.stats) == 11
+  assert set(dict(out.stats)) == set(out.stats.keys()) and len(out.stats) == 13
   # A chain's accepted tokens all come from the draft (stats.SOURCES' first entry).
   np.testing.assert_array_equal(out.stats['accepted_by_source'],
                                 [np.sum(out.stats['accepted_tokens']), 0, 0])
@@ -123,9 +123,11 @@ def test_summarize_one_function_for_outputs_and_totals(target_and_draft):
   out = generate(target, random_inputs(3, 9, 40, seed=7), draft=draft, gamma=2,
                  max_decode_length=8)
   s = stats.summarize(out.stats)
-  raw = {k: int(np.sum(out.stats[k])) for k in stats.PER_EXAMPLE_STATS}
+  raw = {k: stats.total(k, out.stats[k]) for k in stats.PER_EXAMPLE_STATS}
   assert {k: s[k] for k in raw} == raw
-  assert s['alpha_empirical'] == raw['accepted_tokens'] / raw['drafted_tokens']
+  assert isinstance(raw['beta_sum'], float) and isinstance(raw['beta_positions'], int)
+  assert s['acceptance_rate'] == raw['accepted_tokens'] / raw['drafted_tokens']
+  assert s['alpha'] == raw['beta_sum'] / raw['beta_positions']
   assert s['mean_tokens_per_target_call'] == raw['generated_tokens'] / raw['target_calls']
   assert s['accepted_length_histogram'] == np.asarray(
       out.stats['accepted_length_histogram']).tolist()
@@ -136,7 +138,8 @@ def test_summarize_one_function_for_outputs_and_totals(target_and_draft):
                 accepted_by_source=np.asarray(out.stats['accepted_by_source']))
   assert stats.summarize(totals) == s
   assert not hasattr(models, 'summarize_stats')  # one summary: stats.summarize
-  assert stats.summarize({})['alpha_empirical'] is None
+  assert stats.summarize({})['alpha'] is None
+  assert stats.summarize({})['acceptance_rate'] is None
 
 
 def test_model_holds_one_config(target_and_draft):

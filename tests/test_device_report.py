@@ -57,7 +57,7 @@ def test_device_report_tiny_runs_every_part(tmp_path):
     (row,) = d['rows']
     assert row['gamma'] == 2 and 1 <= row['tokens_per_target_call'] <= 3
     assert row['efficiency'] == pytest.approx(row['speedup_measured'] / row['speedup_ideal'])
-  assert eff['drafts']['self']['rows'][0]['alpha_empirical'] > 0.5
+  assert eff['drafts']['self']['rows'][0]['alpha'] > 0.5
   cmp_ = eff['ar_vs_t5x']
   assert cmp_['t5x_importable'] == t5x_reference.available()
   if cmp_['t5x_importable']:

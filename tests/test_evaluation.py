@@ -92,7 +92,7 @@ def test_sweep_rows(models):
       assert r['efficiency'] == pytest.approx(r['speedup_measured'] / r['speedup_ideal'])
       assert 1.0 <= r['tokens_per_target_call'] <= r['gamma'] + 1
   assert res['drafts']['self']['alpha_source'] == 'given'
-  assert all(r['alpha_empirical'] == 1.0 for r in res['drafts']['self']['rows'])
+  assert all(r['alpha'] == r['acceptance_rate'] == 1.0 for r in res['drafts']['self']['rows'])
 
 
 def test_costs_measure_calls_and_prefill_separately(models):

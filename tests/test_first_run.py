@@ -93,7 +93,7 @@ def test_needs_build_only_without_a_built_library(tmp_path, monkeypatch):
 
 def _metrics(out, baseline):
   m = {'task': 'demo_ende', 'speculative': True, 'gamma': 1, 'metrics': {'bleu': 9.45},
-       'alpha_empirical': 0.643, 'mean_tokens_per_target_call': 1.61,
+       'alpha': 0.702, 'acceptance_rate': 0.643, 'mean_tokens_per_target_call': 1.61,
        'predictions_file': 'demo_ende-predict.jsonl-00000-of-00001',
        'target_config': {'dtype': 'bfloat16'}, 'cpu_kernels': 'packed_bf16', 'platform': 'cpu'}
   if baseline:

@@ -162,25 +162,32 @@ def test_texts_cut_at_eos_and_drop_padding_as_the_runner_writes():
 def test_row_totals_rates_and_results():
   out = lambda tok, **st: types.SimpleNamespace(tokens=np.asarray([tok]),
                                                 stats={k: np.asarray([v]) for k, v in st.items()})
-  outs = [out([5, 1], generated_tokens=2, target_calls=1, drafted_tokens=4, accepted_tokens=1),
-          out([6, 6], generated_tokens=2, target_calls=2, drafted_tokens=4, accepted_tokens=2)]
+  outs = [out([5, 1], generated_tokens=2, target_calls=1, drafted_tokens=4, accepted_tokens=1,
+              beta_positions=2, beta_sum=1.0),
+          out([6, 6], generated_tokens=2, target_calls=2, drafted_tokens=4, accepted_tokens=2,
+              beta_positions=3, beta_sum=1.5)]
   tokens, stats = timed_rows.row_totals(outs)
   np.testing.assert_array_equal(tokens, [[5, 1], [6, 6]])
   assert stats == {'generated_tokens': 4, 'target_calls': 3, 'drafted_tokens': 8,
-                   'accepted_tokens': 3}
+                   'accepted_tokens': 3, 'beta_positions': 5, 'beta_sum': 2.5}
   assert demo_data.rates(stats) == pytest.approx(
-      {'alpha_empirical': 3 / 8, 'mean_tokens_per_target_call': 4 / 3,
+      {'alpha': 2.5 / 5, 'acceptance_rate': 3 / 8, 'mean_tokens_per_target_call': 4 / 3,
        'drafts_per_step': 8 / 3})
-  assert demo_data.rates(dict(stats, drafted_tokens=0, accepted_tokens=0))['alpha_empirical'] is None
+  none = demo_data.rates(dict(stats, drafted_tokens=0, accepted_tokens=0, beta_positions=0,
+                              beta_sum=0.0))
+  assert none['alpha'] is None and none['acceptance_rate'] is None
 
-  ar = [out([5, 1], generated_tokens=2, target_calls=2, drafted_tokens=0, accepted_tokens=0),
-        out([6, 6], generated_tokens=2, target_calls=2, drafted_tokens=0, accepted_tokens=0)]
+  ar = [out([5, 1], generated_tokens=2, target_calls=2, drafted_tokens=0, accepted_tokens=0,
+            beta_positions=0, beta_sum=0.0),
+        out([6, 6], generated_tokens=2, target_calls=2, drafted_tokens=0, accepted_tokens=0,
+            beta_positions=0, beta_sum=0.0)]
   res = demo_data.row_results(harness.Timings({'AR': [4.0], 'spec': [2.0]},
                                               {'AR': ar, 'spec': outs}))
-  assert res['AR']['speedup_vs_ar'] == 1.0 and res['AR']['alpha_empirical'] is None
+  assert res['AR']['speedup_vs_ar'] == 1.0 and res['AR']['alpha'] is None
   assert res['spec']['speedup_vs_ar'] == 2.0 and res['spec']['seconds'] == 2.0
   assert res['spec']['equal_to_ar'] and res['spec']['target_calls'] == 3
-  outs[1] = out([6, 7], generated_tokens=2, target_calls=2, drafted_tokens=4, accepted_tokens=2)
+  outs[1] = out([6, 7], generated_tokens=2, target_calls=2, drafted_tokens=4, accepted_tokens=2,
+                beta_positions=3, beta_sum=1.5)
   assert not demo_data.row_results(harness.Timings({'AR': [1.0], 'spec': [1.0]},
                                                    {'AR': ar, 'spec': outs}))['spec']['equal_to_ar']
 
@@ -194,10 +201,10 @@ def test_alpha_cells(tmp_path):
 
 def test_throughput_table():
   rows = [dict(batch=1, method='ar', tokens_per_s=10.0, speedup_vs_ar=1.0,
-               alpha_empirical=None, mean_tokens_per_target_call=1.0,
+               alpha=None, acceptance_rate=None, mean_tokens_per_target_call=1.0,
                rows_equal_batch1=True, rows_checked=1)]
   assert demo_data.throughput_table(rows)[2] == (
-      '| 1 | ar | 10.0 | 1.00x | - | 1.00 | True (1 rows) |')
+      '| 1 | ar | 10.0 | 1.00x | - | - | 1.00 | True (1 rows) |')
 
 
 def test_row_decoder_decodes_each_row_alone():

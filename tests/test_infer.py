@@ -133,7 +133,8 @@ def test_end_to_end_outputs(env, full_run):
   assert set(metrics['metrics']) == {'bleu'}
   for key in stats.PER_EXAMPLE_STATS:
     assert metrics[key] == sum(r['aux'][key] for r in rows)
-  assert metrics['alpha_empirical'] == metrics['accepted_tokens'] / metrics['drafted_tokens']
+  assert metrics['acceptance_rate'] == metrics['accepted_tokens'] / metrics['drafted_tokens']
+  assert metrics['alpha'] == metrics['beta_sum'] / metrics['beta_positions']
   assert metrics['mean_tokens_per_target_call'] == (
       metrics['generated_tokens'] / metrics['target_calls'])
   hist = metrics['accepted_length_histogram']
@@ -141,7 +142,7 @@ def test_end_to_end_outputs(env, full_run):
   assert sum(k * n for k, n in enumerate(hist)) == metrics['accepted_tokens']
   assert metrics['wall_seconds'] > 0 and metrics['tokens_per_second'] > 0
   assert (metrics['gamma'], metrics['temperature'], metrics['lossy']) == (7, 0.0, False)
-  assert 0 < metrics['alpha_empirical'] < 1
+  assert 0 < metrics['acceptance_rate'] < 1 and 0 < metrics['alpha'] < 1
   assert metrics['target_config']['emb_dim'] == metrics['draft_config']['emb_dim'] == 32
   assert metrics['target_checkpoint'] == env['target']
   assert metrics['draft_checkpoint'] == env['draft']
@@ -209,7 +210,7 @@ def test_autoregressive_baseline_equals_greedy_speculative(env, full_run):
                               '--gin.DRAFT_CHECKPOINT=None'))
   ar, spec = _lines(out / OUTPUT), _lines(full_run[0] / OUTPUT)
   assert [r['prediction'] for r in ar] == [r['prediction'] for r in spec]
-  assert metrics['drafted_tokens'] == 0 and metrics['alpha_empirical'] is None
+  assert metrics['drafted_tokens'] == 0 and metrics['acceptance_rate'] is None and metrics['alpha'] is None
   assert metrics['mean_tokens_per_target_call'] == 1.0
   assert metrics['draft_config'] is None and metrics['gamma'] is None
 

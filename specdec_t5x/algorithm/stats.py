@@ -14,8 +14,11 @@ import flax.struct
 import jax
 import numpy as np
 
-# Per-row counters: summed over rows and batches they give a run's totals.
-PER_EXAMPLE_STATS = ('target_calls', 'drafted_tokens', 'accepted_tokens', 'generated_tokens')
+# Per-row counters: summed over rows and batches they give a run's totals. beta_sum is a
+# float (`total` sums each counter in its own type); the others count.
+PER_EXAMPLE_STATS = ('target_calls', 'drafted_tokens', 'accepted_tokens', 'generated_tokens',
+                     'beta_positions', 'beta_sum')
+FLOAT_STATS = ('beta_sum',)
 # Counted over a batch's rows (not per example): summed batch by batch into a run's.
 BATCH_STATS = ('accepted_length_histogram', 'accepted_by_source')
 # What proposed an accepted token (DecodeStats.accepted_by_source's entries, in order).
@@ -29,6 +32,13 @@ class DecodeStats(Mapping):
   drafted_tokens: jax.Array  # [b] int32: draft tokens proposed to the row's verifier
   accepted_tokens: jax.Array  # [b] int32: draft tokens accepted
   generated_tokens: jax.Array  # [b] int32: tokens emitted (EOS included)
+  # The paper's alpha = E[beta], beta = sum_x min(p(x), q(x)) of the target's p and the
+  # draft's q after one prefix, is measured at the drafted positions whose prefix is the
+  # output's (a chain: the accepted drafts and the first rejected one; a static tree: those
+  # of its draft chain on the accepted path; a dynamic tree: the root), where q is the
+  # draft's sampling distribution (at temperature 0: beta = [argmax q == argmax p]).
+  beta_positions: jax.Array  # [b] int32: the positions beta was measured at
+  beta_sum: jax.Array  # [b] float32: beta summed over them
   accepted_length_histogram: jax.Array  # [gamma + 1] int32: steps with 0..gamma accepted
   draft_length_histogram: jax.Array  # [gamma + 1] int32: steps with 0..gamma drafts verified
   nonfinite_target_logits: jax.Array  # [b] bool: a target call gave the row NaN/inf logits
@@ -59,17 +69,33 @@ class DecodeStats(Mapping):
 _FIELDS = tuple(DecodeStats.__dataclass_fields__)
 
 
+def total(key: str, values: Any):
+  """A PER_EXAMPLE_STATS counter summed over `values` (rows, or totals already summed):
+  a float for FLOAT_STATS, else an int."""
+  value = np.sum(np.asarray(values))
+  return float(value) if key in FLOAT_STATS else int(value)
+
+
+def rates(stats: Mapping[str, Any]) -> Dict[str, Any]:
+  """`summarize`'s alpha and acceptance_rate alone."""
+  out = summarize(stats)
+  return {'alpha': out['alpha'], 'acceptance_rate': out['acceptance_rate']}
+
+
 def summarize(stats: Mapping[str, Any]) -> Dict[str, Any]:
   """Run totals of DecodeStats-named counters -> the speculative statistics.
 
   `stats`: a DecodeStats (per-row arrays are summed over rows) or totals already summed
-  (scalars, as infer keeps them). Returns the four counters as ints, alpha_empirical =
-  accepted / drafted tokens and mean_tokens_per_target_call = generated tokens / target
-  calls (None when the denominator is 0), the accepted_length_histogram as a list and
+  (scalars, as infer keeps them). Returns the counters (`total`), alpha = beta_sum /
+  beta_positions (the paper's alpha: the draft/target pair's, whatever gamma),
+  acceptance_rate = accepted / drafted tokens (which falls as gamma grows: drafts after a
+  rejection are discarded) and mean_tokens_per_target_call = generated tokens / target
+  calls (each None when its denominator is 0), the accepted_length_histogram as a list and
   accepted_by_source as {SOURCES[i]: count} (each None when absent).
   """
-  out: Dict[str, Any] = {k: int(np.sum(np.asarray(stats.get(k, 0)))) for k in PER_EXAMPLE_STATS}
-  out['alpha_empirical'] = (out['accepted_tokens'] / out['drafted_tokens']
+  out: Dict[str, Any] = {k: total(k, stats.get(k, 0)) for k in PER_EXAMPLE_STATS}
+  out['alpha'] = (out['beta_sum'] / out['beta_positions'] if out['beta_positions'] else None)
+  out['acceptance_rate'] = (out['accepted_tokens'] / out['drafted_tokens']
                             if out['drafted_tokens'] else None)
   out['mean_tokens_per_target_call'] = (out['generated_tokens'] / out['target_calls']
                                         if out['target_calls'] else None)

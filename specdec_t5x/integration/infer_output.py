@@ -143,7 +143,8 @@ def print_summary(m: Mapping[str, Any], output_dir: str, metrics_name: str = 'me
     choice = m.get('gamma_choice')
     gamma = (f"{choice['gamma']} (auto: alpha {choice['alpha']:.2f}, c {choice['c']:.2f})"
              if choice else m.get('gamma'))
-    print(f"alpha {m.get('alpha_empirical') or 0:.3f}, "
+    print(f"alpha {m.get('alpha') or 0:.3f}, acceptance rate "
+          f"{m.get('acceptance_rate') or 0:.3f}, "
           f"{m.get('mean_tokens_per_target_call') or 0:.2f} tokens per target call, gamma "
           f"{gamma}")
   if base:

@@ -161,18 +161,18 @@ class BatchRunner:
                                               rng=jax.random.fold_in(self.rng, index))
     decodes, aux, batch_stats = multihost_utils.process_allgather(out, tiled=True)
     seconds = time.perf_counter() - tick
-    stats = {k: int(np.sum(aux[k])) for k in COUNTERS}
-    stats.update({k: batch_stats[k] for k in BATCH_STATS})
-    stats['seconds'] = seconds
+    counts = {k: stats.total(k, aux[k]) for k in COUNTERS}
+    counts.update({k: batch_stats[k] for k in BATCH_STATS})
+    counts['seconds'] = seconds
     if not compiles:
-      stats.update(warm_seconds=seconds, warm_tokens=stats['generated_tokens'])
+      counts.update(warm_seconds=seconds, warm_tokens=counts['generated_tokens'])
       info.setdefault(PER_BATCH, []).append([index, seconds])
-    for k, v in stats.items():
+    for k, v in counts.items():
       info[k] = np.add(info.get(k, 0), v).tolist()
     self.batches_run += 1
     return [infer_output.json_line(
         ex, infer_output.decode_text(self.vocab, decodes[r], self.model.eos_id),
-        {k: int(aux[k][r]) for k in COUNTERS}) for r, ex in enumerate(rows)]
+        {k: stats.total(k, aux[k][r]) for k in COUNTERS}) for r, ex in enumerate(rows)]
 
 
 def sum_chunks(infos: List[Dict[str, Any]]) -> Dict[str, Any]:

@@ -300,13 +300,15 @@ class _SpeculativeMixin:
     real = np.asarray(real, bool)
     totals = self._run_totals
     for k in stats.PER_EXAMPLE_STATS:
-      totals[k] = totals.get(k, 0) + int(np.sum(np.asarray(aux[k])[real]))
+      totals[k] = totals.get(k, 0) + stats.total(k, np.asarray(aux[k])[real])
     totals['examples'] = totals.get('examples', 0) + int(real.sum())
     run = self.run_stats()
-    logging.info('specdec_t5x: %d examples: alpha %s, %s tokens per target call '
+    logging.info('specdec_t5x: %d examples: alpha %s, acceptance rate %s, %s tokens per '
+                 'target call '
                  '(%d generated tokens, %d target calls, gamma %s)', totals['examples'],
                  *('n/a' if v is None else f'{v:.3f}'
-                   for v in (run['alpha_empirical'], run['mean_tokens_per_target_call'])),
+                   for v in (run['alpha'], run['acceptance_rate'],
+                             run['mean_tokens_per_target_call'])),
                  run['generated_tokens'], run['target_calls'],
                  self.run_config.gamma if self.is_speculative else None)
 

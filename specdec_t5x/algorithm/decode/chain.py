@@ -31,8 +31,8 @@ import jax.numpy as jnp
 
 from specdec_t5x.algorithm import rows, sampling
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.algorithm.decode.core import (DecodeState, ExtendFn, count_step, emit, finish,
-                                               init_state, split_keys, with_prompt)
+from specdec_t5x.algorithm.decode.core import (DecodeState, ExtendFn, beta, count_step, emit,
+                                               finish, init_state, split_keys, with_prompt)
 from specdec_t5x.algorithm.decode.drafting import (draft_block, draft_unrolled,
                                                    feature_drafter, propose, token_drafter)
 from specdec_t5x.algorithm.draft_vocab import DraftVocabulary, full_distributions
@@ -153,13 +153,16 @@ def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, dr
         dist = sampling.correction_distribution(n_acc, num_drafted, qs, p, lenience)
       token = sampling.sample(keys[:, gamma + 1], dist)
 
+    # beta at the accepted drafts and the first rejected one (their prefixes are the output's)
+    measured = jnp.arange(gamma)[None, :] < jnp.minimum(n_acc + 1, num_drafted)[:, None]
+    betas = beta(xs, qs, best if cfg.greedy else p, measured, cfg.greedy)
     candidates = jnp.concatenate([xs, jnp.zeros((batch, 1), jnp.int32)], 1)
     candidates = jnp.where(jnp.arange(gamma + 1)[None, :] == n_acc[:, None],
                            token[:, None], candidates)  # [b, gamma + 1]
     outcome = jnp.where(n_acc == num_drafted, 2, jnp.minimum(n_acc, 1))  # [b]: the branch
     st = count_step(s.stats, active, drafted=num_drafted, accepted=n_acc,
                     draft_length=num_drafted, outcome=outcome, tested=num_drafted > 0, bad=bad,
-                    draft_bad=draft_bad)
+                    draft_bad=draft_bad, betas=betas)
     s = s.replace(
         rng=rng, target_cache=target_cache, draft_cache=draft_cache,
         draft_behind=((n_acc == steps) & (num_steps > 0) & (policy.kind != 'fixed')

@@ -6,7 +6,7 @@ network.Transformer.extend), never modules or params, and count into a stats.Dec
 This module holds the parts they have in common, so that each loop file is its step alone:
 the loop state (`DecodeState`, `init_state`), a decoder prompt (`with_prompt`), appending
 a step's tokens (`emit`; a tree step's whole end: `commit_tree_step`), a step's counters
-(`count_step`), the per-step keys (`split_keys`) and the result (`finish`).
+(`count_step`; the paper's beta at its drafted positions: `beta`), the per-step keys (`split_keys`) and the result (`finish`).
 
 Sequence buffer convention: `seq [b, 2 + max_len + extra]` holds, per row, a pad at
 index 0 (decoder position -1), BOS (0) at index 1 (position 0), then the generated tokens
@@ -95,6 +95,8 @@ def init_state(batch: int, max_len: int, extra: int, rng, target_cache, draft_ca
           drafted_tokens=jnp.zeros((batch,), jnp.int32),
           accepted_tokens=jnp.zeros((batch,), jnp.int32),
           generated_tokens=jnp.zeros((batch,), jnp.int32),
+          beta_positions=jnp.zeros((batch,), jnp.int32),
+          beta_sum=jnp.zeros((batch,), jnp.float32),
           accepted_length_histogram=jnp.zeros((gamma + 1,), jnp.int32),
           draft_length_histogram=jnp.zeros((gamma + 1,), jnp.int32),
           nonfinite_target_logits=jnp.zeros((batch,), bool),
@@ -179,10 +181,24 @@ def split_keys(rng, num: int, cfg: sampling.Settings):
   return keys[:, 0], keys[:, 1:]
 
 
+def beta(xs, q, target, measured, greedy: bool):
+  """beta = sum_x min(p(x), q(x)) at k drafted positions -> (beta [b, k] float32 where
+  `measured` [b, k], else 0; measured). Greedy: xs [b, k] the draft's argmaxes and
+  `target` [b, >= k] the target's (beta: they agree); else q [b, k, V] the draft's
+  distributions and `target` [b, >= k, V] the target's p after the same prefixes."""
+  k = measured.shape[1]
+  if greedy:
+    overlap = (xs == target[:, :k]).astype(jnp.float32)
+  else:
+    overlap = jnp.sum(jnp.minimum(target[:, :k], q), axis=-1)
+  return jnp.where(measured, overlap, 0.0), measured
+
+
 def count_step(st: DecodeStats, active, *, drafted, accepted, draft_length, outcome, tested,
-               bad, draft_bad, by_source=None) -> DecodeStats:
+               bad, draft_bad, betas, by_source=None) -> DecodeStats:
   """The counters after one speculative step, for the active rows [b]: one target call,
-  `drafted` candidates and `accepted` of them, the histograms of `accepted` and of
+  `drafted` candidates and `accepted` of them, `betas` (`beta`'s pair: the overlaps and
+  where they were measured, [b, k] each), the histograms of `accepted` and of
   `draft_length` (each as wide as the stats' own), the step's `outcome` (0: nothing
   accepted, 1: some, 2: all; counted where `tested`), the accepted tokens by source
   (`by_source` [b, 3], stats.SOURCES; None: all from the draft's chain) and the nonfinite
@@ -198,6 +214,8 @@ def count_step(st: DecodeStats, active, *, drafted, accepted, draft_length, outc
                                                * (act * tested)[:, None], axis=0),
       target_calls=st.target_calls + act, drafted_tokens=st.drafted_tokens + drafted * act,
       accepted_tokens=st.accepted_tokens + accepted * act,
+      beta_positions=st.beta_positions + jnp.sum(betas[1], axis=1, dtype=jnp.int32) * act,
+      beta_sum=st.beta_sum + jnp.sum(betas[0], axis=1) * act,
       accepted_length_histogram=st.accepted_length_histogram + hist(accepted),
       draft_length_histogram=st.draft_length_histogram + hist(draft_length),
       nonfinite_target_logits=st.nonfinite_target_logits | (bad & active),
@@ -205,13 +223,13 @@ def count_step(st: DecodeStats, active, *, drafted, accepted, draft_length, outc
 
 
 def commit_tree_step(s: DecodeState, tokens, parents, valid, path, n_acc, token, node_depth,
-                     node_kind, *, bad, draft_bad, target_cache, draft_cache, rng,
+                     node_kind, *, betas, bad, draft_bad, target_cache, draft_cache, rng,
                      max_len: int, eos_id: int, features=None) -> DecodeState:
   """A tree step's end, once its path is accepted: tokens, parents and valid [b, N]
   (trees/structure.py's layout, the root's first), path [b, D + 1] and n_acc [b]
   (trees/accept.py's), token [b] (the correction or bonus), node_depth [N] or [b, N] and
-  node_kind [N] (stats.SOURCES) of every node, the rows' nonfinite flags bad, draft_bad
-  [b]. The target's cache is compacted to the path, the path's tokens and `token` are
+  node_kind [N] (stats.SOURCES) of every node, `betas` (count_step's), the rows' nonfinite
+  flags bad, draft_bad [b]. The target's cache is compacted to the path, the path's tokens and `token` are
   emitted and the step counted (verified: the valid nodes; draft length: the tree's valid
   depth). `features` [b, N, F]: the target's at every node, for a feature-reading draft;
   the state keeps them along the path (what a chain call over the path gives), for the
@@ -237,6 +255,6 @@ def commit_tree_step(s: DecodeState, tokens, parents, valid, path, n_acc, token,
   by_source = jnp.sum(jax.nn.one_hot(kinds, 3, dtype=jnp.int32) * on_path[:, :, None], axis=1)
   st = count_step(s.stats, active, drafted=verified, accepted=n_acc, draft_length=depth,
                   outcome=jnp.where(leaf, 2, jnp.minimum(n_acc, 1)), tested=verified > 0,
-                  bad=bad, draft_bad=draft_bad, by_source=by_source)
+                  bad=bad, draft_bad=draft_bad, betas=betas, by_source=by_source)
   s = s.replace(rng=rng, target_cache=target_cache, draft_cache=draft_cache, stats=st)
   return emit(s, candidates, n_acc + 1, max_len, eos_id)

@@ -25,22 +25,32 @@ from specdec_t5x.algorithm import rows, sampling
 from specdec_t5x.algorithm.draft_vocab import DraftVocabulary
 
 
-def propose(logits, keys, i, cfg: sampling.Settings,
-            vocab: Optional[DraftVocabulary] = None):
-  """logits [b, V] (or [b, Vd] over `vocab`'s columns) -> (token id [b], distribution over
-  the logits' columns [b, V or Vd] or None when greedy, nonfinite [b]: the logits hold a
-  NaN or an infinity). Top-k larger than the draft vocabulary keeps all of it."""
+def law(logits, cfg: sampling.Settings, vocab: Optional[DraftVocabulary] = None):
+  """logits [b, V] (or [b, Vd] over `vocab`'s columns) -> (the draft's argmax id [b] when
+  greedy, else None; its sampling distribution over the logits' columns [b, V or Vd] when
+  not greedy, else None; nonfinite [b]: the logits hold a NaN or an infinity). Top-k
+  larger than the draft vocabulary keeps all of it."""
   if cfg.greedy:
     token, bad = sampling.argmax_checked(logits)
-    probs = None
-  else:
-    if cfg.topk > logits.shape[-1]:
-      cfg = dataclasses.replace(cfg, topk=logits.shape[-1])
-    probs, bad = sampling.standardize_checked(logits, cfg)
+    if vocab is not None:
+      token = jnp.asarray(vocab.ids)[token]
+    return token, None, bad
+  if cfg.topk > logits.shape[-1]:
+    cfg = dataclasses.replace(cfg, topk=logits.shape[-1])
+  probs, bad = sampling.standardize_checked(logits, cfg)
+  return None, probs, bad
+
+
+def propose(logits, keys, i, cfg: sampling.Settings,
+            vocab: Optional[DraftVocabulary] = None):
+  """logits [b, V] (or [b, Vd] over `vocab`'s columns) -> (token id [b]: the argmax, or
+  drawn with key i of `keys` [b, k, 2]; then `law`'s distribution and nonfinite flags)."""
+  token, probs, bad = law(logits, cfg, vocab)
+  if token is None:
     key = jax.lax.dynamic_index_in_dim(keys, i, axis=1, keepdims=False)
     token = sampling.sample(key, probs)
-  if vocab is not None:
-    token = jnp.asarray(vocab.ids)[token]
+    if vocab is not None:
+      token = jnp.asarray(vocab.ids)[token]
   return token, probs, bad
 
 

@@ -59,10 +59,10 @@ import numpy as np
 
 from specdec_t5x.algorithm import rows, sampling
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.algorithm.decode.core import (ExtendFn, commit_tree_step, finish, init_state,
-                                               split_keys, with_prompt)
-from specdec_t5x.algorithm.decode.drafting import feature_drafter, feature_pick
-from specdec_t5x.algorithm.draft_vocab import DraftVocabulary
+from specdec_t5x.algorithm.decode.core import (ExtendFn, beta, commit_tree_step, finish,
+                                               init_state, split_keys, with_prompt)
+from specdec_t5x.algorithm.decode.drafting import feature_drafter, feature_pick, law
+from specdec_t5x.algorithm.draft_vocab import DraftVocabulary, full_distributions
 from specdec_t5x.algorithm.stats import DecodeStats
 from specdec_t5x.algorithm.trees import accept, build
 
@@ -111,6 +111,9 @@ def dynamic_tree_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, d
       frontier = first[:, None]
       # the root's input feature (the target's, before it), for the tree calls' re-feed
       root_feature = jnp.take_along_axis(s.features, feature_pick(s)[:, None, None], axis=1)
+    # the draft's own proposal after the root (its argmax, or its sampling distribution), for
+    # beta at the root: the one node whose prefix is surely the output's
+    root_x, root_q, _ = law(frontier[:, 0], cfg, draft_vocab)
     tokens = rows.window(s.seq, s.length + 1, 1)  # [b, 1] the root
     parents = jnp.full((batch, 1), -1, jnp.int32)
     scores, path_scores = jnp.zeros((batch, 1), jnp.float32), []
@@ -163,8 +166,11 @@ def dynamic_tree_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, d
           parents, tokens, jnp.broadcast_to(is_drawn & drawn, (batch, num_nodes)), valid, p,
           q if drawn else jnp.zeros_like(p), uniforms, depth_max, without_replacement=drawn)
       token = sampling.sample(keys[:, 1], dist)
+    betas = beta(None if root_x is None else root_x[:, None],
+                 None if root_q is None else full_distributions(root_q, draft_vocab)[:, None],
+                 best if cfg.greedy else p, (limit > 0)[:, None], cfg.greedy)
     return commit_tree_step(
-        s, tokens, parents, valid, path, n_acc, token, node_depth, node_kind,
+        s, tokens, parents, valid, path, n_acc, token, node_depth, node_kind, betas=betas,
         bad=jnp.any(bad, axis=1), draft_bad=draft_bad, target_cache=target_cache,
         draft_cache=draft_cache, rng=rng, max_len=max_len, eos_id=eos_id,
         features=None if feature_dim is None else out[2])

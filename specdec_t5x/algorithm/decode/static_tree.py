@@ -44,7 +44,7 @@ import jax.numpy as jnp
 
 from specdec_t5x.algorithm import rows, sampling
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.algorithm.decode.core import (ExtendFn, commit_tree_step, finish, init_state,
+from specdec_t5x.algorithm.decode.core import (ExtendFn, beta, commit_tree_step, finish, init_state,
                                                split_keys, with_prompt)
 from specdec_t5x.algorithm.decode.drafting import draft_unrolled, feature_drafter
 from specdec_t5x.algorithm.draft_vocab import DraftVocabulary, full_distributions
@@ -129,12 +129,17 @@ def tree_speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cach
       path, n_acc, dist = accept.accept_sampled(parents, tokens, sampled, valid, p, q,
                                                 uniforms, depth_max)
       token = sampling.sample(keys[:, gamma + 1], dist)
+    # beta along the draft's chain while the accepted path follows it (chain node t is node t)
+    on_chain = jnp.arange(gamma)[None, :]
+    measured = ((on_chain <= n_acc[:, None]) & (path[:, :gamma] == on_chain)
+                & (on_chain < num_drafted[:, None]))
+    betas = beta(xs, None if cfg.greedy else qs, best if cfg.greedy else p, measured, cfg.greedy)
     # [N] each node's depth: chain node t at t, copy node j at j + 1, a sibling at its
     # chain node's
     node_depth = jnp.array([0] + list(range(1, gamma + 1)) + list(range(1, c + 1))
                            + sibling_depth)
     return commit_tree_step(
-        s, tokens, parents, valid, path, n_acc, token, node_depth, node_kind,
+        s, tokens, parents, valid, path, n_acc, token, node_depth, node_kind, betas=betas,
         bad=jnp.any(bad, axis=1), draft_bad=draft_bad, target_cache=target_cache,
         draft_cache=draft_cache, rng=rng, max_len=max_len, eos_id=eos_id,
         features=None if feature_dim is None else out[2])

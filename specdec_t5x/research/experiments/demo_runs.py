@@ -4,7 +4,7 @@ demo_draft_m, and bfloat16 (research/measure/demo_runs.py)."""
 from specdec_t5x.research.experiments._base import Check, Experiment, Step
 from specdec_t5x.research.results import headlines
 
-_CHECK = Check(exact=('runs/*/alpha_empirical', 'runs/*/mean_tokens_per_target_call',
+_CHECK = Check(exact=('runs/*/alpha', 'runs/*/acceptance_rate', 'runs/*/mean_tokens_per_target_call',
                       'runs/*/identical_predictions', 'runs/*/bleu/bleu',
                       'runs/*/baseline_bleu/bleu', 'runs/*/num_predictions'),
                timing=('runs/*/walltime_speedup_stats/pooled',))

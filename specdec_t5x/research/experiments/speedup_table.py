@@ -5,7 +5,7 @@ from specdec_t5x.research.experiments._base import Check, Experiment, Step
 from specdec_t5x.research.results import headlines
 
 _SPEC_ROWS = tuple('groups/*/rows' + p for p in (
-    '*/tokens_per_target_call', '*/accepted_length_histogram/*', '*/alpha_empirical',
+    '*/tokens_per_target_call', '*/accepted_length_histogram/*', '*/alpha', '*/acceptance_rate',
     '*/same_tokens_as_ar', '*/generated_tokens'))
 _CHECK = Check(exact=_SPEC_ROWS + ('groups/*/ar_tokens',),
                timing=('groups/*/best_measured_speedup',))

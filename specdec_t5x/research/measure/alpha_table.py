@@ -22,6 +22,7 @@ import numpy as np
 from tqdm import tqdm
 
 from specdec_t5x.algorithm import batching, sampling
+from specdec_t5x.algorithm import stats as stats_lib
 from specdec_t5x.research.measure import evaluation, measurement, speed
 from specdec_t5x.research.results import harness
 
@@ -65,8 +66,7 @@ def measure(args, script: str) -> dict:
           'beta_histogram': {'counts': hist.tolist(), 'edges': edges.tolist()},
           'speculative': {
               'gamma': args.gamma, 'examples': len(spec_enc),
-              'alpha_empirical': float(stats['accepted_tokens'] /
-                                       max(1, stats['drafted_tokens'])),
+              **stats_lib.rates(stats),
               'alpha_per_position': evaluation.alpha_per_position(
                   stats['accepted_length_histogram']),
               'accepted_length_histogram': stats['accepted_length_histogram'].tolist(),
@@ -84,15 +84,18 @@ def render(report: harness.Report) -> List[str]:
   lines = report.header(
       'alpha of the demo family (paper Table 3 method)',
       'alpha = mean over target-generated tokens of sum_x min(p, q), p and q standardised '
-      'alike (t=0: one-hot argmax, so beta = 1 iff the argmaxes agree). Empirical: '
-      f"accepted/drafted in real speculative runs (gamma {report['args']['gamma']}); "
+      'alike (t=0: one-hot argmax, so beta = 1 iff the argmaxes agree). In the loop: the '
+      'same beta measured by real speculative runs at the drafts they verified; acceptance '
+      f"rate: accepted/drafted tokens of those runs (gamma {report['args']['gamma']}); "
       'alpha_i: P(draft i accepted | drafts 1..i-1 accepted).',
       'These alphas describe the small demo family (quality: results/demo_models.md), '
       'not T5-XXL. The drafts were distilled from the target (checkpoints/demo/README.md).')
   lines += harness.table(
-      ['Target', 'Draft', 'Task', 'Sampling', 'alpha', 'tokens', 'empirical', 'alpha_1..alpha_g'],
+      ['Target', 'Draft', 'Task', 'Sampling', 'alpha', 'tokens', 'alpha in the loop',
+       'acceptance rate', 'alpha_1..alpha_g'],
       [[c['target'], c['draft'], c['task'], f"t={c['temperature']:g}", f"{c['alpha']:.2f}",
-        c['num_tokens'], f"{c['speculative']['alpha_empirical']:.2f}",
+        c['num_tokens'], f"{c['speculative']['alpha']:.2f}",
+        f"{c['speculative']['acceptance_rate']:.2f}",
         ' '.join(harness.fmt(a) for a in c['speculative']['alpha_per_position'])]
        for c in cells])
   lines += ['', f"## beta histograms ({report['args']['bins']} bins over [0, 1])", '']

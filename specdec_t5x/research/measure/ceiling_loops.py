@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Sequence
 
 from specdec_t5x.algorithm import batching, theory
+from specdec_t5x.algorithm import stats as stats_lib
 from specdec_t5x.research.measure import evaluation, grid, loop_ladder, measurement
 from specdec_t5x.research.predict import ceiling
 from specdec_t5x.research.results import harness
@@ -77,8 +78,7 @@ def measure(target, drafts: Dict[str, Any], inputs: Sequence[Any], gammas: Seque
                                           dec.iterations)
       tokens = float(dec.stats['generated_tokens'].sum() / dec.stats['target_calls'].sum())
       loops.append({'draft': name, 'gamma': g, 'tokens_per_target_call': tokens,
-                    'alpha': float(dec.stats['accepted_tokens'].sum()
-                                   / max(1, dec.stats['drafted_tokens'].sum())),
+                    **stats_lib.rates(dec.stats),
                     'alpha_iid': float(theory.alpha_from_tokens_per_call(tokens, g)),
                     'speedup_measured': med['ar'] / med[grid.key(name, g)],
                     'iteration_s': steps[g]})
@@ -137,12 +137,13 @@ def render(report: harness.Report) -> List[str]:
          'median-length input (%d tokens), against a single target step timed alike.'
          % d['cost_input_tokens'], '']
   md += harness.table(
-      ['draft', 'gamma', 'alpha', 'i.i.d. alpha', 'tokens / call', 'iteration / AR step',
-       'calls alone / step', 'measured'],
-      [[r['draft'], r['gamma'], f'{r["alpha"]:.3f}', f'{r["alpha_iid"]:.3f}',
+      ['draft', 'gamma', 'alpha', 'acceptance rate', 'i.i.d. alpha', 'tokens / call',
+       'iteration / AR step', 'calls alone / step', 'measured'],
+      [[r['draft'], r['gamma'], f'{r["alpha"]:.3f}', f'{r["acceptance_rate"]:.3f}',
+        f'{r["alpha_iid"]:.3f}',
         f'{r["tokens_per_target_call"]:.2f}', f'{r["iteration_s"] / t_ar:.2f}',
         f'{r["calls_alone_s"] / raw["t_target_step"]:.2f}', f'{r["speedup_measured"]:.2f}x']
-       for r in d['loops']], 'lrrrrrrr')
+       for r in d['loops']], 'lrrrrrrrr')
   ks = sorted(int(k.rsplit('_', 1)[1]) for k in raw if k.startswith('t_verify_'))
   md += ['', 'Single calls (ms): target step %.3f; verify ' % (raw['t_target_step'] * 1e3)
          + ', '.join(f'{k}: {raw[f"t_verify_{k}"] * 1e3:.3f} '

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_t5x.algorithm import api, timing
+from specdec_t5x.algorithm import stats as stats_lib
 from specdec_t5x.algorithm.cpu import modes
 from specdec_t5x.algorithm.network import Transformer, t5_1_1_config
 from specdec_t5x.research.measure import grid, measurement, reference, t5x_reference
@@ -112,8 +113,7 @@ def _measure(args) -> Dict[str, Any]:
       e2e = grid.ideal_end_to_end(1, ar_calls, float(np.max(stats['target_calls'])), g,
                                         per_draft, kind)
       rows.append({'draft': args.target if kind == 'self' else args.draft, 'gamma': g,
-                   'alpha_empirical': float(np.sum(stats['accepted_tokens']) /
-                                            max(1, np.sum(stats['drafted_tokens']))),
+                   **stats_lib.rates(stats),
                    'tokens_per_target_call': tpc, 'speedup_measured': measured,
                    'speedup_ideal': ideal, 'efficiency': measured / ideal,
                    'speedup_ideal_end_to_end': e2e, 'efficiency_end_to_end': measured / e2e,
@@ -150,9 +150,9 @@ def render(report: harness.Report) -> List[str]:
          'of random weights (near-ties) may differ; results/bf16_agreement.md measures the '
          'agreement on the demo target.' if args['dtype'] == 'bfloat16' else '')) + (
       harness.table(['quantity', 'value'], quantities) + ['', IDEAL, ''] +
-      harness.table(['draft', 'gamma', 'alpha', 'tokens/call', 'speedup', 'ideal', 'efficiency',
+      harness.table(['draft', 'gamma', 'alpha', 'acceptance rate', 'tokens/call', 'speedup', 'ideal', 'efficiency',
                      'ideal e2e', 'efficiency e2e'],
-                    [[r['draft'], r['gamma'], f"{r['alpha_empirical']:.2f}",
+                    [[r['draft'], r['gamma'], f"{r['alpha']:.2f}", f"{r['acceptance_rate']:.2f}",
                       f"{r['tokens_per_target_call']:.2f}", f"{r['speedup_measured']:.2f}x",
                       f"{r['speedup_ideal']:.2f}x", f"{r['efficiency']:.2f}",
                       f"{r['speedup_ideal_end_to_end']:.2f}x",

@@ -52,10 +52,10 @@ def row_decoder(target, enc: np.ndarray, max_len: int, draft=None,
 
 
 def rates(stats: Dict[str, int]) -> Dict[str, Any]:
-  """alpha = accepted / drafted (None when nothing was drafted), tokens per target call
-  and drafts per target call."""
+  """alpha and acceptance_rate (stats.summarize's; None when nothing was drafted), tokens
+  per target call and drafts per target call."""
   s = stats_lib.summarize(stats)
-  return {'alpha_empirical': s['alpha_empirical'],
+  return {**stats_lib.rates(s),
           'mean_tokens_per_target_call': s['mean_tokens_per_target_call'],
           'drafts_per_step': s['drafted_tokens'] / s['target_calls']}
 
@@ -79,11 +79,12 @@ def alpha_cells(path: str) -> List[Dict[str, Any]]:
 def throughput_table(rows: Sequence[Dict[str, Any]]) -> List[str]:
   """Markdown table of speed.batch_throughput's rows."""
   return harness.table(
-      ['batch', 'method', 'tokens/s', 'speedup vs AR', 'alpha', 'tokens/call',
-       'rows == batch-1'],
+      ['batch', 'method', 'tokens/s', 'speedup vs AR', 'alpha', 'acceptance rate',
+       'tokens/call', 'rows == batch-1'],
       [[r['batch'], r['method'], f"{r['tokens_per_s']:.1f}", f"{r['speedup_vs_ar']:.2f}x",
-        harness.fmt(r['alpha_empirical']), f"{r['mean_tokens_per_target_call']:.2f}",
-        f"{r['rows_equal_batch1']} ({r['rows_checked']} rows)"] for r in rows], 'rlrrrrl')
+        harness.fmt(r['alpha']), harness.fmt(r['acceptance_rate']),
+        f"{r['mean_tokens_per_target_call']:.2f}",
+        f"{r['rows_equal_batch1']} ({r['rows_checked']} rows)"] for r in rows], 'rlrrrrrl')
 
 
 def throughput_plot(ax, rows: Sequence[Dict[str, Any]]) -> None:

@@ -48,7 +48,7 @@ def one_run(env, gin_file: str) -> dict:
     spec = predictions(os.path.join(out, metrics['predictions_file']))
     base = predictions(os.path.join(out, metrics['baseline']['predictions_file']))
   return dict(printed=printed, walltime_speedup_stats=metrics['walltime_speedup_stats'],
-              alpha_empirical=metrics['alpha_empirical'],
+              alpha=metrics['alpha'], acceptance_rate=metrics['acceptance_rate'],
               mean_tokens_per_target_call=metrics['mean_tokens_per_target_call'],
               bleu=metrics['metrics'], baseline_bleu=metrics['baseline']['metrics'],
               identical_predictions=spec == base, num_predictions=len(spec),
@@ -75,11 +75,12 @@ def render(report: harness.Report) -> List[str]:
       f"`{report['demo_command']}`, {args['runs']} fresh processes one after another "
       f"(environment overrides: {args['env'] or 'none'}). Pooled speedups "
       f'{min(pooled):.2f}-{max(pooled):.2f}x.') + harness.table(
-          ['run', 'printed speedup line', 'alpha', 'BLEU spec / base', 'identical predictions'],
-          [[i + 1, f"`{r['printed'][-1]}`", f"{r['alpha_empirical']:.3f}",
+          ['run', 'printed speedup line', 'alpha', 'acceptance rate', 'BLEU spec / base',
+           'identical predictions'],
+          [[i + 1, f"`{r['printed'][-1]}`", f"{r['alpha']:.3f}", f"{r['acceptance_rate']:.3f}",
             f"{r['bleu']['bleu']:.2f} / {r['baseline_bleu']['bleu']:.2f}",
             f"{r['identical_predictions']} ({r['num_predictions']})"]
-           for i, r in enumerate(runs)], 'rllll') + [
+           for i, r in enumerate(runs)], 'rlllll') + [
       '', 'The speedup is the pooled ratio (total autoregressive seconds / total speculative '
       'seconds over the batches, the two decodes taking turns chunk by chunk) with a bootstrap '
       '95% interval, '

@@ -31,6 +31,7 @@ from typing import List
 from tqdm import tqdm
 
 from specdec_t5x.algorithm import api, batching, sampling, timing
+from specdec_t5x.algorithm import stats as stats_lib
 from specdec_t5x.research.measure import evaluation, grid, measurement, speed
 from specdec_t5x.research.results import harness
 
@@ -49,7 +50,7 @@ def acceptance(target, drafts, tasks, temperatures, gammas, n, max_len, bar):
           s = speed.speculative_stats(target, draft, enc, cfg, g, max_len)
           per_pos = evaluation.alpha_per_position(s['accepted_length_histogram'])
           rows.append({'task': task, 'temperature': temp, 'draft': name, 'gamma': g,
-                       'alpha': float(s['accepted_tokens'] / max(1, s['drafted_tokens'])),
+                       **stats_lib.rates(s),
                        'alpha_1': per_pos[0], 'alpha_per_position': per_pos,
                        'tokens_per_target_call': float(s['generated_tokens'] / s['target_calls'])})
           bar.update(1)
@@ -128,10 +129,11 @@ def render(report: harness.Report) -> List[str]:
       f'token ids, {covered:.1%} of the timed inputs\' autoregressive output tokens.')
   md += ['## Acceptance (first %d test inputs per task)' % args['num_examples'], '']
   md += harness.table(
-      ['task', 't', 'draft', 'gamma', 'alpha', 'alpha_1', 'tokens / target call'],
+      ['task', 't', 'draft', 'gamma', 'alpha', 'acceptance rate', 'alpha_1',
+       'tokens / target call'],
       [[r['task'], r['temperature'], r['draft'], r['gamma'], f"{r['alpha']:.3f}",
-        harness.fmt(r['alpha_1'], '.3f'), f"{r['tokens_per_target_call']:.2f}"]
-       for r in report['acceptance']], 'lrlrrrr')
+        f"{r['acceptance_rate']:.3f}", harness.fmt(r['alpha_1'], '.3f'),
+        f"{r['tokens_per_target_call']:.2f}"] for r in report['acceptance']], 'lrlrrrrr')
   md += ['', '## Walltime speedup by output length (EN->DE, greedy, batch 1)', '']
   md += harness.table(
       ['AR output tokens', 'costs at input (bucket)', 'draft', 'gamma', 'tokens / call', 'c',

@@ -41,8 +41,7 @@ def _rows(grid_: grid.Grid, name: str, cost: Dict[str, float],
                              float(s['target_calls'].sum()), g, cost, name) * (
                                  spec_tokens / ar_tokens)
     rows.append({
-        'gamma': g, 'alpha_empirical': float(s['accepted_tokens'].sum() /
-                                             max(1, s['drafted_tokens'].sum())),
+        'gamma': g, **stats_lib.rates(s),
         'alpha_iid_fit': fit,
         'alpha_per_position': evaluation.alpha_per_position(s['accepted_length_histogram']),
         'accepted_length_histogram': s['accepted_length_histogram'].tolist(),

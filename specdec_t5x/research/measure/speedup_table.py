@@ -80,7 +80,7 @@ def render(report: harness.Report) -> List[str]:
       ['Task', 'Draft', 'Temp', 'gamma', 'alpha', 'Speed', 'Theory', 'Ideal', 'Efficiency',
        'Ideal e2e', 'Eff. e2e', 'tokens/call', 'c', 'chosen'],
       [[grp['task'], name, f"{grp['temperature']:g}", r['gamma'],
-        f"{r['alpha_iid_fit']:.2f} ({r['alpha_empirical']:.2f})",
+        f"{harness.fmt(r['alpha'])} (fit {r['alpha_iid_fit']:.2f})",
         f"{r['speedup_measured']:.2f}x", f"{r['speedup_theory']:.2f}x",
         f"{r['speedup_ideal']:.2f}x", f"{r['efficiency']:.2f}",
         harness.fmt(r.get('speedup_ideal_end_to_end'), unit='x'),

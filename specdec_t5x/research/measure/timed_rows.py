@@ -17,7 +17,7 @@ def row_totals(outs: Sequence[Any]) -> Tuple[np.ndarray, Dict[str, int]]:
   """-> (tokens [N, max_len] of every row of every output, the per-example statistics
   summed over the rows) of a grid.Decoder's outputs (batches of any size)."""
   tokens = np.concatenate([np.asarray(o.tokens) for o in outs])
-  return tokens, {k: int(sum(np.asarray(o.stats[k]).sum() for o in outs))
+  return tokens, {k: stats_lib.total(k, [np.sum(o.stats[k]) for o in outs])
                   for k in stats_lib.PER_EXAMPLE_STATS}
 
 

@@ -124,9 +124,10 @@ def render_efficiency(eff) -> List[str]:
           'ideal = tokens/call t(1) / (gamma t_draft + t_verify) from the costs above; '
           'ideal e2e adds the prefill each sequence pays once. Goal: efficiency >= 0.95.',
           ''] + harness.table(
-      ['draft', 'gamma', 'alpha', 'tokens/call', 'speed', 'ideal', 'efficiency', 'ideal e2e',
-       'eff. e2e'],
-      [[f"{eff['draft_sizes'][name]} ({name})", r['gamma'], f"{r['alpha_empirical']:.2f}",
+      ['draft', 'gamma', 'alpha', 'acceptance rate', 'tokens/call', 'speed', 'ideal',
+       'efficiency', 'ideal e2e', 'eff. e2e'],
+      [[f"{eff['draft_sizes'][name]} ({name})", r['gamma'], f"{r['alpha']:.2f}",
+        f"{r['acceptance_rate']:.2f}",
         f"{r['tokens_per_target_call']:.2f}", f"{r['speedup_measured']:.2f}x",
         f"{r['speedup_ideal']:.2f}x", f"{r['efficiency']:.2f}",
         harness.fmt(r['speedup_ideal_end_to_end'], unit='x'),

@@ -20,7 +20,7 @@ def demo_runs(d):
   pooled = [r['walltime_speedup_stats']['pooled'] for r in d['runs']]
   same = all(r['identical_predictions'] for r in d['runs'])
   return (f"{min(pooled):.2f}-{max(pooled):.2f}x over {len(pooled)} fresh runs, "
-          f"alpha {d['runs'][0]['alpha_empirical']:.2f}, "
+          f"alpha {d['runs'][0]['alpha']:.2f}, "
           f"{'identical' if same else 'DIFFERENT'} predictions, BLEU "
           f"{d['runs'][0]['bleu']['bleu']:.2f}")
 
