@@ -1,6 +1,7 @@
 """specdec_t5x: exact speculative decoding (Leviathan et al., 2023) for T5 / T5X in JAX.
 
-Install:   pip install -e ".[test]"
+Install:   pip install -e .            (the package and the demo: README command 1)
+Tests:     pip install -e ".[test]"    (adds the test and peer stacks: README command 2, .ci/run)
 """
 from setuptools import find_packages, setup
 
