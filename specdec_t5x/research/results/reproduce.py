@@ -227,17 +227,18 @@ def xxl_memory(root: str) -> str:
           f"tokens) holds " + '; '.join(said) + '.')
 
 
-def peers_versions(root: str) -> str:
-  """The peers' versions the comparison ran (results/peers.json's environment)."""
+def transformers_version(root: str) -> str:
+  """The Hugging Face transformers version results/peers.json compared against."""
   env = (load('peers', root) or {}).get('environment', {})
-  return ', '.join(f'{k} {env[k]}' for k in ('transformers', 'ctranslate2') if k in env)
+  version = env.get('transformers', '(not measured yet)')
+  return f'transformers {version}, as `results/peers.md` ran it'
 
 
 # `<!-- rendered: NAME -->` ... `<!-- end -->` blocks: NAME -> the block's text from the
 # results files under a root. A headline block is `headline:<results name>`.
 BLOCKS: Dict[str, Callable[[str], str]] = {
     'xxl_memory': xxl_memory,
-    'peers_versions': peers_versions,
+    'transformers_version': transformers_version,
 }
 BLOCK = re.compile(r'(<!-- rendered: ([\w:.-]+) -->)(.*?)(<!-- end -->)', re.S)
 # The pages whose rendered blocks `--docs` (or `--readme`) re-renders, from the repository root.
