@@ -4,7 +4,7 @@ r"""Regenerates every file of results/ on today's code, one script at a time.
   python scripts/reproduce_results.py --only demo_speedup_runs,feature_draft
   python scripts/reproduce_results.py --quick --root /tmp/quick   # a smoke run
   python scripts/reproduce_results.py --list          # the steps and their commands
-  python scripts/reproduce_results.py --index --readme  # re-render INDEX.md, README's box and table
+  python scripts/reproduce_results.py --index --docs    # re-render INDEX.md and the docs' figures
   python scripts/reproduce_results.py --check --only alpha_demo  # rerun, compare, write nothing
 
 Each step (declared by its experiment file, specdec_t5x/research/experiments/: the script
@@ -13,8 +13,9 @@ while the machine is busy (CPU use, another Python process) unless --allow_busy,
 marks the run; every step is refused while the checkout has uncommitted changes outside
 results/ unless --allow_dirty (the files would name a revision no one can check out). Logs
 each step's seconds to {root}/reproduce_log.json, then renders {root}/INDEX.md (file, command,
-revision, date, machine, headline) and, with --readme, README.md's speedup box and Results
-table from the JSON files. --check (research/results/check.py) reruns the steps into a scratch
+revision, date, machine, headline) and, with --docs (or its old name --readme), README.md's
+speedup box and every `<!-- rendered: NAME -->` block of README.md, ARCHITECTURE.md and
+docs/*.md from the JSON files. --check (research/results/check.py) reruns the steps into a scratch
 folder and compares their deterministic fields exactly and their timings within a spread.
 """
 
@@ -36,8 +37,9 @@ def main(argv=None):
                   help='run on uncommitted changes (the files then say -dirty)')
   ap.add_argument('--list', action='store_true', help='print the steps and exit')
   ap.add_argument('--index', action='store_true', help='only re-render INDEX.md')
-  ap.add_argument('--readme', action='store_true',
-                  help='also re-render README.md\'s speedup box and Results table')
+  ap.add_argument('--docs', '--readme', dest='docs', action='store_true',
+                  help='also re-render README.md\'s speedup box and the rendered blocks of '
+                  'README.md, ARCHITECTURE.md and docs/*.md')
   ap.add_argument('--check', action='store_true',
                   help='re-run the checked steps into a scratch folder and compare their '
                   'fields with --root\'s files (exactly, timings within their spread); '
@@ -70,10 +72,15 @@ def main(argv=None):
     print(f'{len(records)} steps in {total / 60:.1f} min')
   run_dir.write_atomic(os.path.join(args.root, 'INDEX.md'),
                        '\n'.join(reproduce.index(args.root)) + '\n')
-  if args.readme:
-    with open('README.md', encoding='utf-8') as f:
-      text = f.read()
-    run_dir.write_atomic('README.md', reproduce.render_readme(text, args.root))
+  if args.docs:
+    for page in reproduce.doc_pages('.'):
+      with open(page, encoding='utf-8') as f:
+        text = f.read()
+      render = (reproduce.render_readme if os.path.relpath(page) == 'README.md'
+                else reproduce.render_blocks)  # the box is the README's alone
+      rendered = render(text, args.root)
+      if rendered != text:
+        run_dir.write_atomic(page, rendered)
   return records
 
 

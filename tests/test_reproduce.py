@@ -1,6 +1,6 @@
 """The reproduce-all command (research/results/reproduce.py): it runs every committed result with
-the flags that file records, refuses to time on a busy machine, and the README's Results
-table and results/INDEX.md are what the JSON files hold."""
+the flags that file records, refuses to time on a busy machine, and the README's speedup
+box and results/INDEX.md are what the JSON files hold."""
 import glob
 import json
 import os
@@ -63,11 +63,18 @@ def test_made_by_names_the_folded_script_with_the_flags_but_the_experiment():
   assert reproduce.Step('y', 'y.py', ('--a',)).made() == ('y.py', ['--a'])
 
 
-def test_readme_results_table_is_rendered_from_the_json_files():
+def test_readme_speedup_box_and_blocks_are_rendered_from_the_json_files():
   text = (REPO / 'README.md').read_text('utf-8')
+  assert reproduce.BOX_BEGIN in text and reproduce.BOX_END in text
   assert reproduce.render_readme(text, RESULTS) == text, (
       'README.md quotes other figures than results/*.json: run '
-      'python scripts/reproduce_results.py --index --readme')
+      'python scripts/reproduce_results.py --index --docs')
+
+
+def test_the_box_check_sees_a_stale_figure():
+  text = (REPO / 'README.md').read_text('utf-8')
+  stale = text.replace(reproduce.BOX_END, '| CPU | 9.99x typed by hand | x |\n' + reproduce.BOX_END)
+  assert stale != text and reproduce.render_readme(stale, RESULTS) == text
 
 
 def test_index_lists_every_result_as_rendered():

@@ -8,8 +8,9 @@ the committed file), the fields a rerun must reproduce
 exactly (`Check`) and its headline function (research/results/headlines.py); for a decode
 comparison its `Preset`, for any other measurement of scripts/compare_decodes.py its
 measurement module. Everything else derives from here: reproduce_results.py's steps
-(`STEPS`, in `order`), its --check fields (`CHECKS`), the headlines of results/INDEX.md and
-the README (`HEADLINES`), compare_decodes.py's experiments (`RUNNABLE`).
+(`STEPS`, in `order`), its --check fields (`CHECKS`), the headlines of results/INDEX.md, the
+README's speedup box and the docs' rendered blocks (`HEADLINES`), compare_decodes.py's
+experiments (`RUNNABLE`).
 
 Adding an experiment is one new file here (copy a neighbour: tree.py for a decode
 comparison, alpha_demo.py for a measurement of its own); tests/test_registry.py checks

@@ -51,6 +51,8 @@ _ROW_GIN = """\
 # Paper Table 2, row {number}: {task}, target T5-XXL, draft T5-{draft}, temperature {t:g}, \
 gamma {gamma}
 # (paper: alpha {alpha:.2f}, walltime improvement {speedup:.1f}x at batch size 1 on TPU-v4).
+# A run's `alpha` (metrics.json, T5X's log) estimates the same E[beta]: compare it with the
+# paper's; its acceptance_rate (accepted / drafted tokens) is lower at this gamma.
 #
 #   python -m t5x.infer --gin_file=configs/{config} \\
 #     --gin.TARGET_CHECKPOINT="'/ckpt/t5_1_1_{target}/checkpoint_1000000'" \\

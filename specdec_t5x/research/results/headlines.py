@@ -1,9 +1,11 @@
-"""One line per results file, from its JSON: results/INDEX.md's and the README's headlines.
+"""One line per results file, from its JSON: results/INDEX.md's headlines.
 
 Each function renders a results JSON's headline; an experiment file
 (research/experiments/) names the one of each of its files, and research/results/reproduce.py
-puts them into the index and the README's Results table, so the docs quote what the files
-hold.
+puts them into the index, the README's speedup box and the docs' rendered blocks, so the
+docs quote what the files hold. Words as docs/glossary.md defines them: alpha is the
+paper's (E[beta]), the acceptance rate is accepted over drafted tokens; a decode's tokens
+per target call comes with its wall-time speedup over AR, and a prediction says so.
 """
 
 from __future__ import annotations
@@ -16,11 +18,23 @@ def _x(v: float) -> str:
   return f'{v:.2f}x'
 
 
+def _acceptance(r: Dict[str, Any]) -> float:
+  """Accepted over drafted tokens, under its name or its older one."""
+  return r['acceptance_rate'] if 'acceptance_rate' in r else r['alpha_empirical']
+
+
+def _wall(r: Dict[str, Any]) -> str:
+  """' (wall 0.83x)': a decode's measured wall-time speedup over AR, where its row has one."""
+  return f" (wall {_x(r['speedup_vs_ar'])})" if r.get('speedup_vs_ar') is not None else ''
+
+
 def demo_runs(d):
   pooled = [r['walltime_speedup_stats']['pooled'] for r in d['runs']]
   same = all(r['identical_predictions'] for r in d['runs'])
+  first = d['runs'][0]
+  alpha = f"alpha {first['alpha']:.2f}, " if first.get('alpha') is not None else ''
   return (f"{min(pooled):.2f}-{max(pooled):.2f}x over {len(pooled)} fresh runs, "
-          f"alpha {d['runs'][0]['alpha']:.2f}, "
+          f"{alpha}acceptance rate {_acceptance(first):.2f}, "
           f"{'identical' if same else 'DIFFERENT'} predictions, BLEU "
           f"{d['runs'][0]['bleu']['bleu']:.2f}")
 
@@ -58,9 +72,13 @@ def cpu_kernels(d):
 
 def peers(d):
   s = d['systems']
+  spec, hf = s['ours_spec_greedy'], s['hf_assisted_greedy']
   out = (f"ours AR {_x(s['ours_ar_greedy']['speed_vs_hf_greedy'])} HF greedy; ours "
-         f"speculative {_x(s['ours_spec_greedy']['speed_vs_hf_greedy'] / s['hf_assisted_greedy']['speed_vs_hf_greedy'])} "
-         f"HF assisted (greedy)")
+         f"speculative {_x(spec['speed_vs_hf_greedy'] / hf['speed_vs_hf_greedy'])} "
+         f"HF assisted (greedy; {spec['tokens_per_target_call']:.2f} vs "
+         f"{hf['tokens_per_target_call']:.2f} tokens per target call, wall "
+         f"{_x(spec['speed_vs_ours_ar'])} and {_x(hf['speed_vs_hf_greedy'])} over each "
+         f"one's AR)")
   ct2 = {k: v for k, v in s.items() if k.startswith('ct2_')}
   if ct2:
     ours = max(('ours_ar_greedy', 'ours_spec_greedy'), key=lambda k: s[k]['tokens_per_s'])
@@ -77,9 +95,10 @@ def feature_draft(d):
   head, draft = rows.get(('ende', 0.0, name, 3)), rows.get(('ende', 0.0, 'demo_draft_m', 3))
   if head is None or draft is None:
     return 'see file'
-  return (f"EN->DE greedy, gamma 3: head {name} alpha {head['alpha']:.2f} "
+  rate = lambda r: r['acceptance_rate'] if 'acceptance_rate' in r else r['alpha']
+  return (f"EN->DE greedy, gamma 3: head {name} acceptance rate {rate(head):.2f} "
           f"({head['tokens_per_target_call']:.2f} tokens/call) vs draft_m "
-          f"{draft['alpha']:.2f} ({draft['tokens_per_target_call']:.2f}); c "
+          f"{rate(draft):.2f} ({draft['tokens_per_target_call']:.2f}); c "
           f"{d['c'][name]:.3f} vs {d['c']['demo_draft_m']:.3f}")
 
 
@@ -106,7 +125,7 @@ def speedup(d):
 
 def efficiency_e2e(d):
   return '; '.join(
-      f"{g['task']} t={g['temperature']:g} {name}: eff. e2e " + '/'.join(
+      f"{g['task']} t={g['temperature']:g} {name}: end-to-end efficiency " + '/'.join(
           f"{r['efficiency_end_to_end']:.2f}" for r in v['rows'])
       + f" (gamma {'/'.join(str(r['gamma']) for r in v['rows'])}), measured "
       + '/'.join(_x(r['speedup_measured']) for r in v['rows'])
@@ -130,7 +149,7 @@ def best_of(key):
     label = next(best[k] for k in ('decode', 'name', 'setting', 'draft') if best.get(k))
     where = f" ({best['task']})" if best.get('task') else ''
     lossy = ', LOSSY' if best.get('lossy') else ''
-    return f'best {label}{where}{lossy}: {_x(best[key])} over AR'
+    return f'best {label}{where}{lossy}: {_x(best[key])} wall time over AR'
   return headline
 
 
@@ -161,10 +180,12 @@ def ceiling(d):
   need = {k: v['1.3x']['end_to_end'] for k, v in d['alpha_needed'].items()}
   head = 'demo_feature_head_kd'
   now = max((r for r in d['loops'] if r['draft'] == head), key=lambda r: r['speedup_measured'])
-  return (f"1.3x end to end needs alpha {_said(need[f'{head} (real loop)'])} with the head's "
-          f"loop, {_said(need[f'{head} (calls alone)'])} with its calls alone, "
-          f"{_said(need['free draft'])} with a free draft; the head: i.i.d. alpha "
-          f"{now['alpha_iid']:.2f}, {_x(now['speedup_measured'])} at gamma {now['gamma']}")
+  return (f"PREDICTED from the measured step costs: 1.3x end to end needs i.i.d. alpha "
+          f"{_said(need[f'{head} (real loop)'])} with the head's loop, "
+          f"{_said(need[f'{head} (calls alone)'])} with its calls alone, "
+          f"{_said(need['free draft'])} with a free draft; measured: the head "
+          f"{_x(now['speedup_measured'])} at gamma {now['gamma']} (its i.i.d. alpha "
+          f"{now['alpha_iid']:.2f})")
 
 
 def tree(d):
@@ -176,10 +197,12 @@ def tree(d):
     best = lambda tree: max((r for r in rows if ('+' in r['decode']) == tree),
                             key=lambda r: r['mean_tokens_per_target_call'])
     chain, tree = best(False), best(True)
-    parts.append(f"{task}: chain {chain['decode']} {chain['mean_tokens_per_target_call']:.2f}, "
-                 f"tree {tree['decode']} {tree['mean_tokens_per_target_call']:.2f} "
-                 f"({tree['verified_positions']} positions)")
-  return 'greedy tokens per target call, best of each: ' + '; '.join(parts)
+    parts.append(f"{task}: chain {chain['decode']} {chain['mean_tokens_per_target_call']:.2f}"
+                 f"{_wall(chain)}, tree {tree['decode']} "
+                 f"{tree['mean_tokens_per_target_call']:.2f}{_wall(tree)}, "
+                 f"{tree['verified_positions']} positions")
+  return ('greedy tokens per target call (wall: measured speedup over AR), best of each: '
+          + '; '.join(parts))
 
 
 def dynamic_tree(d):
@@ -194,11 +217,12 @@ def dynamic_tree(d):
         'mean_tokens_per_target_call'], r, chains[r['verified_positions']])
              for r in rows if '+' in r['decode'] and r['verified_positions'] in chains]
     ratio, tree, chain = max(pairs, key=lambda x: x[0])
-    parts.append(f"{task}: {tree['decode']} {tree['mean_tokens_per_target_call']:.2f} vs "
-                 f"{chain['decode']} {chain['mean_tokens_per_target_call']:.2f} "
-                 f"({ratio:.2f}x, {tree['verified_positions']} positions)")
-  return ('greedy tokens per target call, the best dynamic tree over the chain of as many '
-          'positions: ' + '; '.join(parts))
+    parts.append(f"{task}: {tree['decode']} {tree['mean_tokens_per_target_call']:.2f}"
+                 f"{_wall(tree)} vs {chain['decode']} "
+                 f"{chain['mean_tokens_per_target_call']:.2f}{_wall(chain)} "
+                 f"({ratio:.2f}x the tokens, {tree['verified_positions']} positions)")
+  return ('greedy tokens per target call (wall: measured speedup over AR), the best dynamic '
+          'tree over the chain of as many positions: ' + '; '.join(parts))
 
 
 def _tpc(r):
@@ -217,11 +241,12 @@ def sampled_tree(d):
     over_top += [_tpc(rows[name]) / _tpc(rows[name[:-1]]) for name in drawn if name[:-1] in rows]
     ratio, name = max((_tpc(rows[name]) / _tpc(rows[name.split('+')[0]]), name) for name in drawn)
     chain = name.split('+')[0]
-    parts.append(f"{task}: {name} {_tpc(rows[name]):.2f} vs {chain} {_tpc(rows[chain]):.2f} "
-                 f"({ratio:.2f}x, {rows[name]['verified_positions']} positions)")
-  return ('t=1 tokens per target call, levels drawn from q over the chain of as many draft '
-          'calls, best: ' + '; '.join(parts) + f'; over the top-W tree of the same shape: '
-          f'{min(over_top):.2f}-{max(over_top):.2f}x')
+    parts.append(f"{task}: {name} {_tpc(rows[name]):.2f}{_wall(rows[name])} vs {chain} "
+                 f"{_tpc(rows[chain]):.2f}{_wall(rows[chain])} ({ratio:.2f}x the tokens, "
+                 f"{rows[name]['verified_positions']} positions)")
+  return ('t=1 tokens per target call (wall: measured speedup over AR), levels drawn from q '
+          'over the chain of as many draft calls, best: ' + '; '.join(parts) + '; tokens '
+          f'over the top-W tree of the same shape: {min(over_top):.2f}-{max(over_top):.2f}x')
 
 
 def head_tree(d):
@@ -234,10 +259,10 @@ def head_tree(d):
     tree = max((r for r in rows if '+' in r['decode']), key=_tpc)
     chains = sorted((r for r in rows if '+' not in r['decode']
                      and r['verified_positions'] == tree['verified_positions']), key=_tpc)
-    parts.append(f"{task}: {tree['decode']} {_tpc(tree):.2f} vs chains " + ', '.join(
-        f"{r['decode']} {_tpc(r):.2f}" for r in chains))
-  return ('greedy tokens per target call, the feature head\'s best tree against the chains '
-          'of as many positions: ' + '; '.join(parts))
+    parts.append(f"{task}: {tree['decode']} {_tpc(tree):.2f}{_wall(tree)} vs chains " +
+                 ', '.join(f"{r['decode']} {_tpc(r):.2f}{_wall(r)}" for r in chains))
+  return ('greedy tokens per target call (wall: measured speedup over AR), the feature '
+          'head\'s best tree against the chains of as many positions: ' + '; '.join(parts))
 
 
 def head_dynamic_tree(d):
@@ -255,10 +280,11 @@ def head_dynamic_tree(d):
       continue
     ratio, tree, chain = max(pairs, key=lambda x: x[0])
     name = lambda r: r['decode'].split('@')[0]
-    parts.append(f"{task} t={t:g}: {name(tree)} {_tpc(tree):.2f} vs {name(chain)} "
-                 f"{_tpc(chain):.2f} ({ratio:.2f}x, {tree['verified_positions']} positions)")
-  return ('tokens per target call, the feature head\'s best dynamic tree over its chain of '
-          'as many positions: ' + '; '.join(parts))
+    parts.append(f"{task} t={t:g}: {name(tree)} {_tpc(tree):.2f}{_wall(tree)} vs "
+                 f"{name(chain)} {_tpc(chain):.2f}{_wall(chain)} ({ratio:.2f}x the tokens, "
+                 f"{tree['verified_positions']} positions)")
+  return ('tokens per target call (wall: measured speedup over AR), the feature head\'s best '
+          'dynamic tree over its chain of as many positions: ' + '; '.join(parts))
 
 
 def tree_bound(d):
@@ -274,8 +300,8 @@ def tree_bound(d):
     chain = b['chain']['tokens_per_call']
     parts.append(f"{c['task']} {c['draft']} {best / chain:.2f} (dynamic, bound: "
                  f"{b['dynamic_bound']['tokens_per_call'] / chain:.2f})")
-  return ('greedy tokens per call at 4 verified positions, the best static tree found over '
-          'the chain: ' + ', '.join(parts))
+  return ('replayed, not decoded (no wall time): greedy tokens per call at 4 verified '
+          'positions, the best static tree found over the chain: ' + ', '.join(parts))
 
 
 def batch(d):
@@ -333,18 +359,19 @@ def tree_budget(d):
                                        ).items() if v}
     best = [(max(v, key=tpc), chains[k]) for k, v in by_k(lambda r: '+' in r['decode']).items()
             if v and k in chains]
-    text = ', '.join(f"{k['verified_positions']}: {t['decode']} {tpc(t):.2f} vs {k['decode']} "
-                     f"{tpc(k):.2f} ({tpc(t) / tpc(k):.2f}x)" for t, k in best)
+    text = ', '.join(f"{k['verified_positions']}: {t['decode']} {tpc(t):.2f}{_wall(t)} vs "
+                     f"{k['decode']} {tpc(k):.2f}{_wall(k)} ({tpc(t) / tpc(k):.2f}x the tokens)"
+                     for t, k in best)
     singles = by_k(lambda r: '+' not in r['decode'])
     mixed = [(tpc(r) / max(map(tpc, singles[r['verified_positions']])), r) for r in rows
              if '+w' in r['decode'] and '+c' in r['decode'] and singles[r['verified_positions']]]
     if mixed:
       ratio, r = max(mixed, key=lambda x: x[0])
-      text += (f"; mixed {r['decode']} {tpc(r):.2f} over the best single-kind chain of "
-               f"{r['verified_positions']} positions: {ratio:.2f}x")
+      text += (f"; mixed {r['decode']} {tpc(r):.2f}{_wall(r)} over the best single-kind chain "
+               f"of {r['verified_positions']} positions: {ratio:.2f}x the tokens")
     parts.append(f'{task}: {text}')
-  return ('greedy tokens per target call, the best tree over the chain of as many verified '
-          'positions: ' + '; '.join(parts))
+  return ('greedy tokens per target call (wall: measured speedup over AR), the best tree '
+          'over the chain of as many verified positions: ' + '; '.join(parts))
 
 
 def demo_parts(d):

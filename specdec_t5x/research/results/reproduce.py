@@ -7,8 +7,10 @@ form for a smoke run. `run` executes steps one at a time, each in a fresh proces
 refusing to time on a busy machine (`busy`) or to measure uncommitted code (`dirty`: a
 revision with '-dirty' names no code anyone can check out), and logs each step's seconds.
 `index` renders results/INDEX.md (file, command, git revision, date, machine, headline) from the
-JSON files; `HEADLINES` also renders the README's Results table (`results_table`), so
-the README quotes what the files hold (tests/test_reproduce.py checks it).
+JSON files, the one results table. The docs quote figures only inside rendered blocks: the
+README's speedup box (`speedup_box`) and any `<!-- rendered: NAME -->` ... `<!-- end -->`
+block of a page in `DOC_PAGES` (`BLOCKS`), so every figure they show is what a file holds
+(tests/test_reproduce.py and tests/test_docs_figures.py check it).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import glob
 import json
 import os
 import subprocess
+import re
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -25,8 +28,6 @@ from specdec_t5x.research.experiments import (RESULTS, HEADLINES, SPEEDUP_BOX,  
                                               STEPS, Step)  # STEPS, Step: re-exported
 
 LOG = 'reproduce_log'  # {root}/reproduce_log.json: the last run's steps and seconds, not a result
-README_BEGIN = '<!-- results table: rendered by scripts/reproduce_results.py --readme -->'
-README_END = '<!-- end of results table -->'
 BOX_BEGIN = '<!-- speedup box: rendered by scripts/reproduce_results.py --readme -->'
 BOX_END = '<!-- end of speedup box -->'
 
@@ -174,16 +175,6 @@ def _machine(env: dict) -> str:
   return ', '.join(parts + bf16)
 
 
-def results_table(root: str = RESULTS) -> List[str]:
-  """The README's Results table: one row per file with a headline, from its JSON."""
-  lines = [README_BEGIN, '| file | headline (from the JSON) | revision |', '|---|---|---|']
-  for name, fn in HEADLINES.items():
-    d = load(name, root)
-    if d is not None:
-      lines.append(f'| `results/{name}.md` | {fn(d)} | {_revision(d)} |')
-  return lines + [README_END]
-
-
 def speedup_box(root: str = RESULTS) -> List[str]:
   """The README's "what speedup where" box: SPEEDUP_BOX's rows, each file's headline, and
   for a CPU row the machine its file recorded (CPU speedups depend on the CPU)."""
@@ -205,7 +196,77 @@ def _replace(text: str, begin: str, end: str, lines: List[str]) -> str:
   return head + '\n'.join(lines) + rest.split(end, 1)[1]
 
 
+def headline_block(name: str) -> Callable[[str], str]:
+  """A block that quotes results/<name>.json's headline (HEADLINES), naming its file."""
+  def render(root: str) -> str:
+    d = load(name, root)
+    said = HEADLINES[name](d) if d is not None else 'not measured yet'
+    return f'`results/{name}.md` ({_revision(d or {})}): {said}'
+  return render
+
+
+def xxl_memory(root: str) -> str:
+  """What the T5-XXL rows need, from the compiled report: the bytes one device holds for
+  the paper's EnDe T5-small/XXL row at batch 1, alone and at 8-way model parallelism, and
+  whether that fits each chip the report models."""
+  d = load('compiled_table2', root)
+  if d is None:
+    return 'not predicted yet (`python scripts/compiled_report.py`)'
+  row = d['memory'][0]
+  chips = {c['name']: c['hbm_bytes'] for c in d['chips']}
+  said = []
+  for key, what in (('x1 b1', 'on one device'), ('x8 b1', 'per device at 8-way model parallelism')):
+    cell = row['per_device'][key]
+    fits = ', '.join(f"{chip} ({chips[chip] / 2**30:.0f} GiB): "
+                     f"{'fits' if ok else 'does not fit'}" for chip, ok in cell['fits'].items())
+    said.append(f"{cell['resident_bytes'] / 2**30:.1f} GiB {what} ({fits})")
+  lengths = d['lengths']
+  return (f"PREDICTED from the compiled programs (`results/compiled_table2.md`, "
+          f"{_revision(d)}): the {row['task']} T5-{row['draft']} draft / T5-XXL target row "
+          f"in bfloat16 at batch 1 ({lengths['input']} input, {lengths['target']} output "
+          f"tokens) holds " + '; '.join(said) + '.')
+
+
+def transformers_version(root: str) -> str:
+  """The Hugging Face transformers version results/peers.json compared against."""
+  env = (load('peers', root) or {}).get('environment', {})
+  version = env.get('transformers', '(not measured yet)')
+  return f'transformers {version}, as `results/peers.md` ran it'
+
+
+# `<!-- rendered: NAME -->` ... `<!-- end -->` blocks: NAME -> the block's text from the
+# results files under a root. A headline block is `headline:<results name>`.
+BLOCKS: Dict[str, Callable[[str], str]] = {
+    'xxl_memory': xxl_memory,
+    'transformers_version': transformers_version,
+}
+BLOCK = re.compile(r'(<!-- rendered: ([\w:.-]+) -->)(.*?)(<!-- end -->)', re.S)
+# The pages whose rendered blocks `--docs` (or `--readme`) re-renders, from the repository root.
+DOC_PAGES = ('README.md', 'ARCHITECTURE.md', 'docs/*.md')
+
+
+def block_text(name: str, root: str = RESULTS) -> str:
+  """A rendered block's text; a multi-line one sits on lines of its own."""
+  if name.startswith('headline:'):
+    text = headline_block(name.split(':', 1)[1])(root)
+  elif name in BLOCKS:
+    text = BLOCKS[name](root)
+  else:
+    raise ValueError(f'unknown rendered block {name!r}: not in reproduce.BLOCKS and not '
+                     'headline:<results name>')
+  return f'\n{text}\n' if '\n' in text else text
+
+
+def render_blocks(text: str, root: str = RESULTS) -> str:
+  """`text` with every `<!-- rendered: NAME -->` ... `<!-- end -->` block re-rendered."""
+  return BLOCK.sub(lambda m: m.group(1) + block_text(m.group(2), root) + m.group(4), text)
+
+
+def doc_pages(repo: str) -> List[str]:
+  """The paths of DOC_PAGES under `repo`."""
+  return sorted(p for pattern in DOC_PAGES for p in glob.glob(os.path.join(repo, pattern)))
+
+
 def render_readme(text: str, root: str = RESULTS) -> str:
-  """README text with the speedup box and the Results table rendered from the JSON files."""
-  text = _replace(text, BOX_BEGIN, BOX_END, speedup_box(root))
-  return _replace(text, README_BEGIN, README_END, results_table(root))
+  """README text with the speedup box and its rendered blocks rendered from the JSON files."""
+  return render_blocks(_replace(text, BOX_BEGIN, BOX_END, speedup_box(root)), root)
