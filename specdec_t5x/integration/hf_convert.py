@@ -17,6 +17,7 @@ import numpy as np
 from flax import traverse_util
 
 from specdec_t5x.algorithm.layers import MAX_DISTANCE, NUM_BUCKETS
+from specdec_t5x.integration import extras
 from specdec_t5x.integration.param_tree import (ATTENTION_BLOCKS, PROJECTIONS, Params, Path,
                                                  mlp_in_names, num_layers, validate_params)
 
@@ -146,7 +147,7 @@ def _read_hf_weights(path: str) -> dict[str, Any]:
   index = os.path.join(path, 'model.safetensors.index.json')
   single = os.path.join(path, 'model.safetensors')
   if os.path.isfile(index) or os.path.isfile(single):
-    from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
+    load_file = extras.need('safetensors.numpy', 'Reading a Hugging Face checkpoint').load_file
     files = [single]
     if os.path.isfile(index):
       with open(index) as f:
@@ -154,7 +155,7 @@ def _read_hf_weights(path: str) -> dict[str, Any]:
     return {k: v for file in files for k, v in load_file(file).items()}
   bins = sorted(glob.glob(os.path.join(path, 'pytorch_model*.bin')))
   if bins:
-    import torch  # pylint: disable=g-import-not-at-top
+    torch = extras.need('torch', 'Reading pytorch_model.bin')
     return {k: v for b in bins
             for k, v in torch.load(b, map_location='cpu', weights_only=True).items()}
   raise FileNotFoundError(f'{path} has no model.safetensors or pytorch_model.bin')
@@ -184,8 +185,8 @@ def hf_model_from_params(params: Params, config: Any):
   so it is untied first) and tied-and-scaled logits (v1.0 / logits_via_embedding).
   Needs torch and transformers (test extras).
   """
-  import torch  # pylint: disable=g-import-not-at-top
-  import transformers  # pylint: disable=g-import-not-at-top
+  torch = extras.need('torch', 'A Hugging Face model of our weights')
+  transformers = extras.need('transformers', 'A Hugging Face model of our weights')
   tied = bool(config.logits_via_embedding)
   hf_config = transformers.T5Config(
       vocab_size=config.vocab_size, d_model=config.emb_dim, d_kv=config.head_dim,

@@ -33,7 +33,7 @@ import numpy as np
 
 from specdec_t5x.algorithm import batching
 from specdec_t5x.algorithm.config import DecodeConfig
-from specdec_t5x.integration import hf_convert
+from specdec_t5x.integration import extras, hf_convert
 from specdec_t5x.research.measure import evaluation, grid, measurement
 from specdec_t5x.research.results import harness
 
@@ -166,9 +166,8 @@ def logits_check(module, params, hf, enc: np.ndarray, dec: np.ndarray) -> float:
 
 def setup(args) -> Dict[str, Any]:
   """PyTorch's threads set to --threads; the libraries' versions, for the environment."""
-  import ctranslate2  # pylint: disable=g-import-not-at-top
-  import torch  # pylint: disable=g-import-not-at-top
-  import transformers  # pylint: disable=g-import-not-at-top
+  ctranslate2, torch, transformers = (extras.need(m, 'The peer benchmark') for m in (
+      'ctranslate2', 'torch', 'transformers'))
   torch.set_num_threads(args.threads)
   return dict(torch=torch.__version__, transformers=transformers.__version__,
               ctranslate2=ctranslate2.__version__, torch_threads=torch.get_num_threads())
