@@ -116,9 +116,10 @@ def speculative_stats(target: ModelAndParams, draft: ModelAndParams, enc: np.nda
   for _, out in batched.decode(target, batched.split(enc, batch, fill=None), max_len,
                                draft=draft, config=DecodeConfig.from_sampling(cfg, gamma=gamma),
                                seed=seed, eos_id=eos_id):
-    for k, v in out.stats.items():  # per-row counters are summed; the histogram is [g+1]
-      v = np.asarray(v)
-      total[k] = total.get(k, 0) + (v if k == 'accepted_length_histogram' else v.sum(0))
+    for k, v in out.stats.items():  # per-row counters and flags are summed over rows; the
+      v = np.asarray(v)  # counts over a batch's rows (histograms, outcomes) batch by batch
+      per_row = k in stats_lib.PER_EXAMPLE_STATS or v.dtype == bool
+      total[k] = total.get(k, 0) + (v.sum(0) if per_row else v)
   return total
 
 
