@@ -67,6 +67,26 @@ def check_feature_draft(target_module, draft_module) -> None:
     feature_draft.check_fits(draft_module.config, target_config)
 
 
+def prefill(target_module, target_vars, draft_module, draft_vars, encoder_tokens, *,
+            max_len: int, config: DecodeConfig):
+  """What a decode computes once before its loop: (the target's decode cache, the draft's or
+  None without a draft), each with the target's encoder output or the draft's own (a
+  feature head cross-attends to the target's) and room for every write of the decode
+  (core.cache_length: max_len and, with a draft, a step's drafted nodes). Traced inside
+  `decode_program`'s program; research/measure/call_parts.py times it alone."""
+  drafted = config.tree_call_nodes if draft_module is not None else 0
+  cache_len = core.cache_length(max_len, drafted)
+  encoded = target_module.apply(target_vars, encoder_tokens, method='encode')
+  target_cache = target_module.apply(target_vars, encoded, encoder_tokens, cache_len,
+                                     method='init_cache')
+  if draft_module is None:
+    return target_cache, None
+  if not reads_features(draft_module):
+    encoded = draft_module.apply(draft_vars, encoder_tokens, method='encode')
+  return target_cache, draft_module.apply(draft_vars, encoded, encoder_tokens, cache_len,
+                                          method='init_cache')
+
+
 def decode_program(target_module, draft_module, *, max_len: int, config: DecodeConfig,
                    wrap: Optional[Callable[[str, core.ExtendFn], core.ExtendFn]] = None):
   """The whole generation, not yet jitted: fn(target_vars, draft_vars, encoder_tokens, rng,
@@ -88,11 +108,8 @@ def decode_program(target_module, draft_module, *, max_len: int, config: DecodeC
     # Every write fits (rows.update_all drops a call's writes for all rows when one row's
     # window does not, and the stats say so; drafting.feature_drafter keeps a finished
     # row's re-feed inside).
-    drafted = config.tree_call_nodes if draft_module is not None else 0
-    cache_len = core.cache_length(max_len, drafted)  # a tree's nodes beyond the root
-    encoded = target_module.apply(target_vars, encoder_tokens, method='encode')
-    target_cache = target_module.apply(target_vars, encoded, encoder_tokens, cache_len,
-                                       method='init_cache')
+    target_cache, draft_cache = prefill(target_module, target_vars, draft_module, draft_vars,
+                                        encoder_tokens, max_len=max_len, config=config)
     if draft_module is None:
       target_fn = wrap('target', _extend_fn(target_module, target_vars))
       return chain.autoregressive_decode(target_fn, target_cache, rng, batch=batch,
@@ -101,12 +118,6 @@ def decode_program(target_module, draft_module, *, max_len: int, config: DecodeC
     features = reads_features(draft_module)
     extra = (True, draft_module.config.feature_layers) if features else ()
     target_fn = wrap('target', _extend_fn(target_module, target_vars, *extra))
-    if features:  # the head cross-attends to the target's encoder output: no encoder
-      draft_encoded = encoded
-    else:
-      draft_encoded = draft_module.apply(draft_vars, encoder_tokens, method='encode')
-    draft_cache = draft_module.apply(draft_vars, draft_encoded, encoder_tokens, cache_len,
-                                     method='init_cache')
     head = dict(feature_dim=draft_module.config.feature_dim if features else None,
                 draft_vocab=feature_draft.vocabulary(draft_module.config) if features else None)
     if config.draft_tree_width:

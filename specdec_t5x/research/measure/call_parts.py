@@ -35,7 +35,6 @@ import numpy as np
 
 from specdec_t5x.algorithm import api, batching
 from specdec_t5x.algorithm.cpu import modes, packing
-from specdec_t5x.algorithm.decode import core
 from specdec_t5x.integration import infer_run
 from specdec_t5x.research.measure import evaluation, grid, measurement
 from specdec_t5x.research.results import harness
@@ -45,24 +44,17 @@ PARTS = ('prefill', 'target_calls', 'draft_calls', 'loop_work', 'outside_program
 
 
 def _prefill_fn(target, draft, max_len: int, config) -> Any:
-  """A jitted fn(row) -> the decode's caches: target encoder and cache (and the draft's)
-  at the decode program's cache length, as api.decode_program builds them."""
+  """A jitted fn(row) -> the decode's caches (api.prefill, as the decode program computes
+  them)."""
   (t_module, t_params), mode = target, config.cpu_kernels
   t_vars = packing.decode_variables(t_module, t_params, mode)
   d_module, d_vars = (None, None) if draft is None else (
       draft[0], packing.decode_variables(draft[0], draft[1], mode))
-  cache_len = core.cache_length(max_len, config.tree_call_nodes if draft is not None else 0)
 
   def run(t_vars, d_vars, tokens):
     with modes.decode_mode(mode):
-      encoded = t_module.apply(t_vars, tokens, method='encode')
-      caches = [t_module.apply(t_vars, encoded, tokens, cache_len, method='init_cache')]
-      if d_module is not None:
-        d_encoded = encoded if api.reads_features(d_module) else d_module.apply(
-            d_vars, tokens, method='encode')
-        caches.append(d_module.apply(d_vars, d_encoded, tokens, cache_len,
-                                     method='init_cache'))
-      return caches
+      return api.prefill(t_module, t_vars, d_module, d_vars, tokens, max_len=max_len,
+                         config=config)
   jitted = jax.jit(run)
   return lambda tokens: jitted(t_vars, d_vars, tokens)
 

@@ -18,11 +18,6 @@ def _x(v: float) -> str:
   return f'{v:.2f}x'
 
 
-def _acceptance(r: Dict[str, Any]) -> float:
-  """Accepted over drafted tokens, under its name or its older one."""
-  return r['acceptance_rate'] if 'acceptance_rate' in r else r['alpha_empirical']
-
-
 def _wall(r: Dict[str, Any]) -> str:
   """' (wall 0.83x)': a decode's measured wall-time speedup over AR, where its row has one."""
   return f" (wall {_x(r['speedup_vs_ar'])})" if r.get('speedup_vs_ar') is not None else ''
@@ -32,9 +27,8 @@ def demo_runs(d):
   pooled = [r['walltime_speedup_stats']['pooled'] for r in d['runs']]
   same = all(r['identical_predictions'] for r in d['runs'])
   first = d['runs'][0]
-  alpha = f"alpha {first['alpha']:.2f}, " if first.get('alpha') is not None else ''
   return (f"{min(pooled):.2f}-{max(pooled):.2f}x over {len(pooled)} fresh runs, "
-          f"{alpha}acceptance rate {_acceptance(first):.2f}, "
+          f"alpha {first['alpha']:.2f}, acceptance rate {first['acceptance_rate']:.2f}, "
           f"{'identical' if same else 'DIFFERENT'} predictions, BLEU "
           f"{d['runs'][0]['bleu']['bleu']:.2f}")
 
@@ -95,10 +89,9 @@ def feature_draft(d):
   head, draft = rows.get(('ende', 0.0, name, 3)), rows.get(('ende', 0.0, 'demo_draft_m', 3))
   if head is None or draft is None:
     return 'see file'
-  rate = lambda r: r['acceptance_rate'] if 'acceptance_rate' in r else r['alpha']
-  return (f"EN->DE greedy, gamma 3: head {name} acceptance rate {rate(head):.2f} "
+  return (f"EN->DE greedy, gamma 3: head {name} alpha {head['alpha']:.2f} "
           f"({head['tokens_per_target_call']:.2f} tokens/call) vs draft_m "
-          f"{rate(draft):.2f} ({draft['tokens_per_target_call']:.2f}); c "
+          f"{draft['alpha']:.2f} ({draft['tokens_per_target_call']:.2f}); c "
           f"{d['c'][name]:.3f} vs {d['c']['demo_draft_m']:.3f}")
 
 
