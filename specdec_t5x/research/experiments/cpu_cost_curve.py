@@ -10,4 +10,4 @@ EXPERIMENT = Experiment(
              quick=('--experiment=cpu_cost_curve', '--sizes', 'demo', '--forms',
                     'float32:packed', '--ks', '1,2', '--repeats', '1'),
              made_by='cpu_cost_curve.py', headline=headlines.cost_curve,
-             box=(2, 'CPU, by target size (measured call costs)')),))
+             box=(2, 'CPU, by target size (call costs measured, speedup predicted)')),))
