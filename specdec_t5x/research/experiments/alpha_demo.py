@@ -12,7 +12,6 @@ EXPERIMENT = Experiment(
         timed=False,
         quick=('--experiment=alpha_demo', '--num_tokens', '100', '--spec_examples', '2',
                '--tasks', 'ende', '--drafts', 'demo_draft_s,bigram'),
-        made_by='measure_alpha.py',
         check=Check(exact=('cells/*/alpha', 'cells/*/beta_histogram/counts/*',
                            'cells/*/num_sequences', 'cells/*/speculative/*')),
         headline=headlines.alpha),))

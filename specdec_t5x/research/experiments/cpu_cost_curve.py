@@ -9,5 +9,5 @@ EXPERIMENT = Experiment(
         Step('cpu_cost_curve', 'compare_decodes.py', ('--experiment=cpu_cost_curve',),
              quick=('--experiment=cpu_cost_curve', '--sizes', 'demo', '--forms',
                     'float32:packed', '--ks', '1,2', '--repeats', '1'),
-             made_by='cpu_cost_curve.py', headline=headlines.cost_curve,
+             headline=headlines.cost_curve,
              box=(2, 'CPU, by target size (call costs measured, speedup predicted)')),))

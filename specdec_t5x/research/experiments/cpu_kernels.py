@@ -7,5 +7,4 @@ from specdec_t5x.research.results import headlines
 EXPERIMENT = Experiment(
     'cpu_kernels', order=40, measure='specdec_t5x.research.measure.cpu_kernel_bench',
     steps=(Step('cpu_kernels', 'compare_decodes.py', ('--experiment=cpu_kernels',),
-                made_by='bench_cpu_kernels.py',
                 headline=headlines.cpu_kernels),))

@@ -8,9 +8,8 @@ _RUN = ('--experiment=decode_costs',)
 
 EXPERIMENT = Experiment(
     'decode_costs', order=50, measure='specdec_t5x.research.measure.decode_costs', steps=(
-        Step('decode_costs', 'compare_decodes.py', _RUN, made_by='bench_decode.py',
-             headline=headlines.decode_costs),
+        Step('decode_costs', 'compare_decodes.py', _RUN, headline=headlines.decode_costs),
         Step('decode_costs_bf16', 'compare_decodes.py',
              _RUN + ('--dtype', 'bfloat16', '--cpu_kernels', 'packed_bf16'),
-             made_by='bench_decode.py', headline=headlines.decode_costs),
+             headline=headlines.decode_costs),
     ))

@@ -9,7 +9,7 @@ _CHECK = Check(exact=('runs/*/alpha', 'runs/*/acceptance_rate', 'runs/*/mean_tok
                       'runs/*/baseline_bleu/bleu', 'runs/*/num_predictions'),
                timing=('runs/*/walltime_speedup_stats/pooled',))
 _RUN = ('--experiment=demo_runs', '--runs', '3')
-_KW = dict(made_by='demo_runs.py', check=_CHECK, headline=headlines.demo_runs)
+_KW = dict(check=_CHECK, headline=headlines.demo_runs)
 
 EXPERIMENT = Experiment(
     'demo_runs', order=260, measure='specdec_t5x.research.measure.demo_runs', steps=(

@@ -10,5 +10,4 @@ EXPERIMENT = Experiment(
         'feature_draft', 'compare_decodes.py', ('--experiment=feature_draft',),
         quick=('--experiment=feature_draft', '--num_examples', '4', '--timed_examples', '3',
                '--gammas', '1,3', '--timed_gammas', '3', '--temperatures', '0'),
-        made_by='feature_draft_table.py',
         check=Check(exact=('acceptance/*',)), headline=headlines.feature_draft),))

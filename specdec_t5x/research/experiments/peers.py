@@ -6,5 +6,4 @@ from specdec_t5x.research.results import headlines
 EXPERIMENT = Experiment('peers', order=80, measure='specdec_t5x.research.measure.peers', steps=(
     Step('peers', 'compare_decodes.py',
          ('--experiment=peers', '--num_examples', '20', '--repeats', '5'),
-         made_by='bench_peers.py',
          headline=headlines.peers),))

@@ -9,4 +9,4 @@ EXPERIMENT = Experiment(
     steps=(Step('speedup_ceiling', 'compare_decodes.py', ('--experiment=speedup_ceiling',),
                 quick=('--experiment=speedup_ceiling', '--num_examples', '3', '--gammas', '1',
                        '--max_gamma', '2', '--repeats', '1'),
-                made_by='speedup_ceiling.py', headline=headlines.ceiling),))
+                headline=headlines.ceiling),))
