@@ -69,8 +69,10 @@ def test_bucketed_equals_padded_to_max(target_and_draft, temperature, speculativ
   a, b = api.generate(target, full, **kw), api.generate(target, bucketed, **kw)
   np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
   assert (np.asarray(a.tokens)[:, 0] > 0).all()  # something was decoded
-  for k in a.stats:
-    np.testing.assert_array_equal(np.asarray(a.stats[k]), np.asarray(b.stats[k]), err_msg=k)
+  for k in a.stats:  # beta_sum: a float sum over logits of other encoder lengths
+    check = (lambda x, y, err_msg: np.testing.assert_allclose(x, y, rtol=1e-5, err_msg=err_msg)
+             ) if k == 'beta_sum' else np.testing.assert_array_equal
+    check(np.asarray(a.stats[k]), np.asarray(b.stats[k]), err_msg=k)
 
 
 class _Vocab:

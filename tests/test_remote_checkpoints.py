@@ -260,4 +260,4 @@ def test_card_command_restores_the_draft_from_gs(t5x_draft):
   assert len(rows['gcs']) == card.NUM_EXAMPLES and any(r['prediction'] for r in rows['gcs'])
   assert rows['gcs'] == rows['local']
   assert logged['gcs'] == logged['local']
-  assert 0 < float(logged['gcs'][-1][1]) < 1  # the noisy draft: some drafts rejected
+  assert 0 < float(logged['gcs'][-1][2]) < 1  # the noisy draft: some drafts rejected

@@ -75,7 +75,7 @@ def test_num_decodes_are_independent_rows_sorted_by_score(weights):
                                               return_all_decodes=True)
   assert decodes.shape == (2, k, LEN)
   assert set(aux) == {'scores', 'target_calls', 'drafted_tokens', 'accepted_tokens',
-                      'generated_tokens'} and all(v.shape == (2, k) for v in aux.values())
+                      'generated_tokens', 'beta_positions', 'beta_sum'} and all(v.shape == (2, k) for v in aux.values())
   assert np.all(np.diff(np.asarray(aux['scores']), axis=1) >= 0)  # increasing, as T5X
   rows = generate((Transformer(CFG), weights[0]), np.repeat(batch['encoder_input_tokens'], k, 0),
                   draft=(Transformer(DRAFT_CFG), weights[1]), gamma=3, temperature=1.0,

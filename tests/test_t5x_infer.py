@@ -139,8 +139,8 @@ def _t5x_infer(env, out, fmt, *extra, output=OUTPUT, gin_file='configs/spec_t5_s
       [sys.executable, '-m', 't5x.infer', f'--gin_file={gin_file}', *flags, *extra], cwd=REPO, env=env_vars, capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stderr[-5000:]
   rows = [json.loads(l) for l in (out / output).read_text('utf-8').splitlines()]
-  logged = re.findall(r'specdec_t5x: (\d+) examples: alpha ([\d.]+|n/a), ([\d.]+) tokens per '
-                      r'target call \((\d+) generated tokens, (\d+) target calls, gamma (\w+)\)',
+  logged = re.findall(r'specdec_t5x: (\d+) examples: alpha ([\d.]+|n/a), acceptance rate '
+                      r'([\d.]+|n/a), ([\d.]+) tokens per target call \((\d+) generated tokens, (\d+) target calls, gamma (\w+)\)',
                       proc.stderr)
   return rows, logged
 
@@ -168,21 +168,23 @@ def test_speculative_statistics_in_t5x_output_and_log(runs):
     rows, logged = runs[fmt]
     aux = {k: np.array([r['aux'][k] for r in rows]) for k in rows[0]['aux']}
     assert set(aux) == {'target_calls', 'drafted_tokens', 'accepted_tokens',
-                        'generated_tokens', 'scores'}
+                        'generated_tokens', 'beta_positions', 'beta_sum', 'scores'}
     assert np.all(aux['scores'] == 0)  # T5X's score of a greedy decode
     assert np.all(aux['accepted_tokens'] <= aux['drafted_tokens'])
     assert np.all(aux['drafted_tokens'] <= gamma * aux['target_calls'])
     assert np.all(aux['generated_tokens'] <= aux['target_calls'] + aux['accepted_tokens'])
     assert np.all(aux['generated_tokens'] >= 1)
     # The log's last line is the whole run's, from the same per-example statistics.
-    examples, alpha, per_call, generated, calls, logged_gamma = logged[-1]
+    examples, alpha, rate, per_call, generated, calls, logged_gamma = logged[-1]
     assert int(examples) == NUM_EXAMPLES and logged_gamma == str(gamma)
     assert int(generated) == aux['generated_tokens'].sum()
     assert int(calls) == aux['target_calls'].sum()
-    assert float(alpha) == pytest.approx(
+    assert float(rate) == pytest.approx(
         aux['accepted_tokens'].sum() / aux['drafted_tokens'].sum(), abs=1e-3)
+    assert float(alpha) == pytest.approx(
+        aux['beta_sum'].sum() / aux['beta_positions'].sum(), abs=1e-3)
     assert float(per_call) == pytest.approx(int(generated) / int(calls), abs=1e-3)
-  assert 0 < float(runs['orbax'][1][-1][1]) < 1  # a noisy draft: some, not all, accepted
+  assert 0 < float(runs['orbax'][1][-1][2]) < 1  # a noisy draft: some, not all, accepted
   # --gin.GAMMA=3 changed the statistics (the predictions stay the target's greedy ones).
   assert ([r['aux'] for r in runs['orbax'][0]] != [r['aux'] for r in runs['legacy'][0]])
 
@@ -199,7 +201,7 @@ def test_a_draft_tree_under_t5x_infer(env, runs):
   assert np.all(aux['drafted_tokens'] <= 7 * aux['target_calls'])
   assert np.any(aux['drafted_tokens'] > 3 * aux['target_calls'])  # more than the chain's
   chain_calls = sum(r['aux']['target_calls'] for r in runs['legacy'][0])
-  assert aux['target_calls'].sum() <= chain_calls and logged[-1][5] == '3'
+  assert aux['target_calls'].sum() <= chain_calls and logged[-1][6] == '3'
 
 
 def test_score_mode_is_t5x_scoring_with_the_target(env):
