@@ -153,8 +153,10 @@ def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, dr
         dist = sampling.correction_distribution(n_acc, num_drafted, qs, p, lenience)
       token = sampling.sample(keys[:, gamma + 1], dist)
 
-    # beta at the accepted drafts and the first rejected one (their prefixes are the output's)
-    measured = jnp.arange(gamma)[None, :] < jnp.minimum(n_acc + 1, num_drafted)[:, None]
+    # The drafts tested: the accepted ones and the first rejected one (their prefixes are the
+    # output's), where beta is measured and the running_alpha policy counts its tests.
+    tested = jnp.minimum(n_acc + 1, num_drafted)  # [b]
+    measured = jnp.arange(gamma)[None, :] < tested[:, None]
     betas = beta(xs, qs, best if cfg.greedy else p, measured, cfg.greedy)
     candidates = jnp.concatenate([xs, jnp.zeros((batch, 1), jnp.int32)], 1)
     candidates = jnp.where(jnp.arange(gamma + 1)[None, :] == n_acc[:, None],
@@ -168,8 +170,7 @@ def speculative_decode(target_fn: ExtendFn, draft_fn: ExtendFn, target_cache, dr
         draft_behind=((n_acc == steps) & (num_steps > 0) & (policy.kind != 'fixed')
                       & (feature_dim is None)),
         alpha_hits=jnp.where(active, policy.decay * s.alpha_hits + n_acc, s.alpha_hits),
-        alpha_tests=jnp.where(active, policy.decay * s.alpha_tests + jnp.minimum(
-            n_acc + 1, num_drafted), s.alpha_tests),
+        alpha_tests=jnp.where(active, policy.decay * s.alpha_tests + tested, s.alpha_tests),
         stats=st)
     return emit(s, candidates, n_acc + 1, max_len, eos_id)
 

@@ -6,7 +6,8 @@ network.Transformer.extend), never modules or params, and count into a stats.Dec
 This module holds the parts they have in common, so that each loop file is its step alone:
 the loop state (`DecodeState`, `init_state`), a decoder prompt (`with_prompt`), appending
 a step's tokens (`emit`; a tree step's whole end: `commit_tree_step`), a step's counters
-(`count_step`; the paper's beta at its drafted positions: `beta`), the per-step keys (`split_keys`) and the result (`finish`).
+(`count_step`; the paper's beta at its drafted positions: `beta`), the per-step keys
+(`split_keys`) and the result (`finish`).
 
 Sequence buffer convention: `seq [b, 2 + max_len + extra]` holds, per row, a pad at
 index 0 (decoder position -1), BOS (0) at index 1 (position 0), then the generated tokens
@@ -229,11 +230,11 @@ def commit_tree_step(s: DecodeState, tokens, parents, valid, path, n_acc, token,
   (trees/structure.py's layout, the root's first), path [b, D + 1] and n_acc [b]
   (trees/accept.py's), token [b] (the correction or bonus), node_depth [N] or [b, N] and
   node_kind [N] (stats.SOURCES) of every node, `betas` (count_step's), the rows' nonfinite
-  flags bad, draft_bad [b]. The target's cache is compacted to the path, the path's tokens and `token` are
-  emitted and the step counted (verified: the valid nodes; draft length: the tree's valid
-  depth). `features` [b, N, F]: the target's at every node, for a feature-reading draft;
-  the state keeps them along the path (what a chain call over the path gives), for the
-  next step's first head call."""
+  flags bad, draft_bad [b]. The target's cache is compacted to the path, the path's tokens
+  and `token` are emitted and the step counted (verified: the valid nodes; draft length:
+  the tree's valid depth). `features` [b, N, F]: the target's at every node, for a
+  feature-reading draft; the state keeps them along the path (what a chain call over the
+  path gives), for the next step's first head call."""
   batch, depth_max = tokens.shape[0], path.shape[1] - 1
   if features is not None:  # [b, D + 1, F]
     s = s.replace(features=jnp.take_along_axis(features, path[:, :, None], axis=1),
